@@ -1,0 +1,153 @@
+/*
+ * shmlock.h - public interface of the pyshmlock C core.
+ *
+ * A cross-process reader/writer lock with a pause gate, kept in one POSIX
+ * shared-memory segment.  The protocol is described in docs/DESIGN.md and in
+ * the long comment at the top of shmlock.c; read that first.
+ *
+ * Everything here is plain C with fixed-width integers so that the cffi build
+ * script (pyshmlock/_build.py) can declare the same functions verbatim.
+ */
+#ifndef PYSHMLOCK_SHMLOCK_H
+#define PYSHMLOCK_SHMLOCK_H
+
+#include <stdint.h>
+
+/* Return codes.  Non-negative: outcome of a wait.  Negative: an error. */
+#define SHL_OK          0
+#define SHL_TIMEDOUT    1   /* deadline passed; nothing is held, nothing left behind */
+#define SHL_AGAIN       2   /* try_* only: not granted yet, call shl_wait then retry */
+#define SHL_EINTR       3   /* a signal arrived; nothing left behind, caller retries */
+#define SHL_ENOHOLD    -1   /* release without a matching hold in this process */
+#define SHL_ECORRUPT   -2   /* the segment holds values no pyshmlock process writes */
+#define SHL_EFULL      -3   /* every process slot is owned by a live process */
+#define SHL_EFOREIGN   -4   /* the segment under our name is not a pyshmlock lock */
+#define SHL_EVERSION   -5   /* a pyshmlock lock of another layout version */
+#define SHL_EINIT      -6   /* the creator never finished initialising the segment */
+#define SHL_EBUSY      -7   /* close with holds / unlink while others are attached */
+#define SHL_EDEADLK    -8   /* this thread would wait for a hold it owns itself */
+#define SHL_ESYS       -9   /* a system call failed; errno says which way */
+#define SHL_EINVAL    -10   /* bad argument (name, max_processes) */
+
+/* What a waiter waits for (shl_waiter.kind). */
+#define SHL_KIND_READ     1
+#define SHL_KIND_WRITE    2
+#define SHL_KIND_UPDATE   3
+#define SHL_KIND_RESUME   4   /* resume(): clear the pause once no update holds it */
+#define SHL_KIND_RESUMED  5   /* wait_resumed(): wait until not paused */
+#define SHL_KIND_DRAINED  6   /* wait_drained(): wait until no read hold exists */
+
+#define SHL_MAX_PROCESSES_LIMIT 4095
+#define SHL_NAME_MAX 200
+
+typedef struct shl_lock shl_lock;   /* one process's attachment; opaque */
+
+/*
+ * Per-attempt bookkeeping for one thread or task that waits.  The caller owns
+ * the memory (stack, or ffi.new for asyncio tasks), zeroes it and sets kind.
+ * Between try_* returning SHL_AGAIN and the attempt ending, the waiter may
+ * carry shared registrations (an owed-reader count, an exclusive claim);
+ * shl_cancel removes them.  Fields are the core's business.
+ */
+typedef struct shl_waiter {
+    int32_t kind;
+    int32_t registered;    /* READ: counted in slot->rwait[my_epoch & 1] */
+    int32_t claimed;       /* WRITE/UPDATE: our slot is the exclusive owner in the state word */
+    int32_t on_drain;      /* what shl_wait sleeps on: 0 state word, 1 drain_seq */
+    uint32_t my_epoch;     /* READ: epoch of the exclusive phase we queued behind */
+    uint32_t claim_epoch;  /* WRITE/UPDATE: epoch our claim created */
+    uint32_t expect;       /* futex value shl_wait compares against */
+    int32_t watch_slot;    /* state waits: slot whose death we watch, -1 none */
+} shl_waiter;
+
+/* A snapshot of one process slot (shl_slot_info). */
+typedef struct shl_slot_snapshot {
+    uint32_t pid;
+    uint32_t readers;      /* read holds (plus transient admission attempts) */
+    uint32_t owed;         /* readers of this process queued behind an exclusive phase */
+    uint32_t waiting;      /* threads of this process blocked in a wait */
+    int32_t alive;         /* 1 owned by a live process, 0 free (or just recovered) */
+    int32_t is_self;
+} shl_slot_snapshot;
+
+/* A snapshot of the shared header (shl_info). */
+typedef struct shl_snapshot {
+    uint32_t state;
+    int32_t paused;
+    int32_t exclusive_slot;      /* -1 none */
+    int32_t exclusive_kind;      /* SHL_KIND_WRITE / SHL_KIND_UPDATE / 0 */
+    int32_t exclusive_granted;   /* 0: claimed, still waiting for readers */
+    uint32_t exclusive_pid;
+    uint32_t epoch;
+    uint32_t pause_count;
+    uint32_t paused_by_pid;
+    uint64_t paused_at_ns;       /* CLOCK_REALTIME */
+    int32_t data_suspect;
+    uint32_t max_processes;
+    uint32_t recovery_count;
+    uint32_t creator_pid;
+    int32_t self_slot;
+} shl_snapshot;
+
+typedef struct shl_recovery_record {
+    uint32_t pid;
+    uint32_t what;               /* SHL_LOST_* bits */
+    uint32_t reads;
+    uint32_t owed;
+    uint64_t when_ns;            /* CLOCK_REALTIME */
+} shl_recovery_record;
+
+#define SHL_LOST_WRITE    1u     /* a granted write hold */
+#define SHL_LOST_UPDATE   2u     /* a granted update hold */
+#define SHL_LOST_CLAIM    4u     /* an exclusive claim still waiting for readers */
+#define SHL_LOST_READS    8u
+#define SHL_LOST_WAITERS 16u     /* owed-reader registrations */
+#define SHL_RECOVERY_LOG 16
+
+/* Open (and with create != 0 create) the lock "/pyshmlock.<name>".
+ * *created tells which happened; dev/ino identify the segment. */
+int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes,
+             shl_lock **out, int *created, uint64_t *dev, uint64_t *ino);
+/* Make sure this process owns a slot (a forked child takes its own). */
+int shl_attach(shl_lock *h);
+/* Detach.  Refuses with SHL_EBUSY while this process holds anything. */
+int shl_close(shl_lock *h);
+/* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
+ * are attached and force == 0. */
+int shl_unlink(const char *name, int force, uint32_t *attached);
+
+/* Blocking calls; deadline_ns is CLOCK_MONOTONIC, -1 waits forever, any
+ * past value (0) tries once.  Return SHL_OK, SHL_TIMEDOUT, SHL_EINTR or <0. */
+int shl_acquire_read(shl_lock *h, int64_t deadline_ns);
+int shl_acquire_write(shl_lock *h, int64_t deadline_ns);
+int shl_acquire_update(shl_lock *h, int64_t deadline_ns);
+int shl_resume(shl_lock *h, int64_t deadline_ns);
+int shl_wait_resumed(shl_lock *h, int64_t deadline_ns);
+int shl_wait_drained(shl_lock *h, int64_t deadline_ns);
+
+int shl_release_read(shl_lock *h);
+int shl_release_write(shl_lock *h);
+int shl_release_update(shl_lock *h);
+/* Never blocks.  Returns 1 if this call paused the lock, 0 if already paused. */
+int shl_pause(shl_lock *h);
+int shl_is_paused(shl_lock *h);
+/* 1 if a granted exclusive hold or any read hold exists, 0 if not, <0 error. */
+int shl_is_locked(shl_lock *h);
+
+/* The building blocks of the blocking calls, for callers that park
+ * elsewhere (asyncio): try, and on SHL_AGAIN wait or park, then try again;
+ * shl_cancel undoes an attempt that is given up. */
+int shl_try(shl_lock *h, shl_waiter *w);
+int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
+void shl_cancel(shl_lock *h, shl_waiter *w);
+
+/* Observability. */
+int shl_info(shl_lock *h, shl_snapshot *out);
+int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out);
+int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out);
+/* Address of the state word and the drain counter, for futex waiting
+ * helpers (asyncio) that sleep on them. */
+uint32_t *shl_state_word(shl_lock *h);
+uint32_t shl_load_state(shl_lock *h);
+
+#endif

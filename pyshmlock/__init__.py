@@ -1,0 +1,41 @@
+"""pyshmlock: a cross-process reader/writer lock with a built-in pause gate.
+
+Every process that opens a lock by name shares one state word in POSIX
+shared memory, so all of them see one global "paused" and one reader/writer
+lock, changed atomically.  See README.md for a tour and docs/DESIGN.md for
+the protocol.
+"""
+import platform as _platform
+import sys as _sys
+
+if not _sys.platform.startswith("linux"):
+    raise ImportError(
+        f"pyshmlock needs Linux (shared futexes, POSIX shared memory and robust "
+        f"process-shared mutexes); this platform is {_sys.platform!r}")
+if _platform.machine() not in ("x86_64", "aarch64", "arm64"):
+    raise ImportError(
+        f"pyshmlock supports Linux on x86-64 and arm64; this machine is "
+        f"{_platform.machine()!r}")
+
+from .errors import (  # noqa: E402
+    CorruptSegmentError,
+    ForeignSegmentError,
+    LayoutVersionError,
+    LockInUseError,
+    NotHeldError,
+    PyshmlockError,
+    SegmentError,
+    TooManyProcessesError,
+    UninitializedSegmentError,
+    WouldDeadlockError,
+)
+from .lock import LockInfo, Recovery, RWLock, unlink  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RWLock", "LockInfo", "Recovery", "unlink",
+    "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
+    "CorruptSegmentError", "UninitializedSegmentError", "TooManyProcessesError",
+    "NotHeldError", "WouldDeadlockError", "LockInUseError",
+]

@@ -1,0 +1,50 @@
+"""cffi build script for the pyshmlock C core (out-of-line API mode).
+
+The C declarations are read from ``csrc/shmlock.h`` itself, minus its
+preprocessor guard and includes, so the binding can never drift from the
+header.  ``setup.py`` names this module in ``cffi_modules``; running it
+directly (``python pyshmlock/_build.py``) builds the extension in place.
+"""
+import os
+import re
+
+from cffi import FFI
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CSRC = os.path.join(ROOT, "csrc")
+
+# PYSHMLOCK_SANITIZE=1 builds the core with AddressSanitizer and UBSan.
+SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
+
+
+def _declarations():
+    with open(os.path.join(CSRC, "shmlock.h")) as f:
+        text = f.read()
+    kept = [line for line in text.splitlines()
+            if not re.match(r"\s*#\s*(ifndef|endif|include|define\s+PYSHMLOCK_SHMLOCK_H)", line)]
+    return "\n".join(kept)
+
+
+ffibuilder = FFI()
+ffibuilder.cdef(_declarations())
+
+_cflags = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
+_ldflags = ["-pthread"]
+if SANITIZE:
+    _cflags += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
+    _ldflags += ["-fsanitize=address,undefined"]
+
+ffibuilder.set_source(
+    "pyshmlock._shmlock",
+    '#include "shmlock.h"',
+    sources=[os.path.relpath(os.path.join(CSRC, "shmlock.c"), ROOT)],
+    include_dirs=[os.path.relpath(CSRC, ROOT)],
+    extra_compile_args=_cflags,
+    extra_link_args=_ldflags,
+    libraries=["rt"],
+)
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    ffibuilder.compile(verbose=True)

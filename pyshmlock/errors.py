@@ -1,0 +1,88 @@
+"""Exceptions raised by pyshmlock, and the mapping from C return codes to them.
+
+Hold misuse raises :class:`RuntimeError` subclasses, bad arguments raise
+:class:`ValueError`, operating-system failures raise the matching
+:class:`OSError` subclass (``FileNotFoundError``, ``PermissionError``), and
+problems with the shared segment itself raise :class:`SegmentError`.
+"""
+import errno as _errno
+import os
+from typing import Optional
+
+from ._shmlock import ffi, lib
+
+
+class PyshmlockError(Exception):
+    """Base class of every error pyshmlock defines itself."""
+
+
+class SegmentError(PyshmlockError):
+    """The shared-memory segment under the lock's name cannot be used."""
+
+
+class ForeignSegmentError(SegmentError):
+    """The segment under our name was not written by pyshmlock."""
+
+
+class LayoutVersionError(SegmentError):
+    """The segment is a pyshmlock lock of a different layout version."""
+
+
+class CorruptSegmentError(SegmentError):
+    """The segment holds values no pyshmlock process writes."""
+
+
+class UninitializedSegmentError(SegmentError):
+    """The segment's creator never finished initialising it (it probably died)."""
+
+
+class TooManyProcessesError(PyshmlockError):
+    """Every process slot of the lock is owned by a live process."""
+
+
+class NotHeldError(PyshmlockError, RuntimeError):
+    """A release without a matching hold in this process."""
+
+
+class WouldDeadlockError(PyshmlockError, RuntimeError):
+    """The calling thread would wait for a hold it owns itself."""
+
+
+class LockInUseError(PyshmlockError, RuntimeError):
+    """close() while holding, or unlink() while other live processes are attached."""
+
+
+def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
+    """Build the exception for a negative C return code ``rc`` of call ``what``."""
+    where = f"lock {name!r}: " if name else ""
+    if rc == lib.SHL_ENOHOLD:
+        return NotHeldError(f"{where}{what}: this process holds no such hold")
+    if rc == lib.SHL_EDEADLK:
+        return WouldDeadlockError(
+            f"{where}{what}: this thread holds the exclusive hold it would wait for")
+    if rc == lib.SHL_EFULL:
+        return TooManyProcessesError(
+            f"{where}all process slots are taken by live processes "
+            "(max_processes is fixed by the lock's creator)")
+    if rc == lib.SHL_EFOREIGN:
+        return ForeignSegmentError(
+            f"{where}the shared-memory segment under this name is not a pyshmlock lock")
+    if rc == lib.SHL_EVERSION:
+        return LayoutVersionError(
+            f"{where}the segment is a pyshmlock lock of another layout version; "
+            "every process must use the same pyshmlock release")
+    if rc == lib.SHL_ECORRUPT:
+        return CorruptSegmentError(f"{where}{what}: the shared segment is corrupt")
+    if rc == lib.SHL_EINIT:
+        return UninitializedSegmentError(
+            f"{where}the segment was never initialised (its creator died while "
+            "creating it?); remove it with pyshmlock.unlink(name, force=True)")
+    if rc == lib.SHL_EBUSY:
+        return LockInUseError(f"{where}{what}: the lock is in use")
+    if rc == lib.SHL_EINVAL:
+        return ValueError(f"{where}{what}: invalid argument")
+    if rc == lib.SHL_ESYS:
+        err = ffi.errno or _errno.EIO
+        path = f"/dev/shm/pyshmlock.{name}" if name else None
+        return OSError(err, f"{what}: {os.strerror(err)}", path)
+    return PyshmlockError(f"{where}{what}: unexpected return code {rc}")

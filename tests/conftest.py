@@ -1,0 +1,110 @@
+"""Shared fixtures: unique lock names that are always unlinked, and bounded
+child processes.  Every wait in a test has a timeout; a child that does not
+finish in time is killed and the test fails."""
+import multiprocessing as mp
+import os
+import traceback
+import uuid
+
+import pytest
+
+import pyshmlock
+
+FORK = mp.get_context("fork")
+SHM_DIR = "/dev/shm"
+
+
+def unique_name(tag="t"):
+    return f"test-{tag}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def lock_name():
+    """A fresh lock name; the segment is removed after the test."""
+    name = unique_name()
+    yield name
+    try:
+        pyshmlock.unlink(name, force=True)
+    except FileNotFoundError:
+        pass
+
+
+@pytest.fixture
+def lock(lock_name):
+    lk = pyshmlock.RWLock(lock_name)
+    yield lk
+    try:
+        lk.close()
+    except pyshmlock.LockInUseError:
+        pass
+
+
+def _child_main(fn, q, args):
+    try:
+        fn(q, *args)
+    except BaseException:
+        q.put(("error", traceback.format_exc()))
+        raise
+
+
+class Child:
+    """A forked process running fn(queue, *args); talks back over a queue."""
+
+    def __init__(self, fn, *args, ctx=FORK):
+        self.q = ctx.Queue()
+        self.p = ctx.Process(target=_child_main, args=(fn, self.q, args), daemon=True)
+        self.p.start()
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def get(self, timeout=10.0):
+        item = self.q.get(timeout=timeout)
+        if isinstance(item, tuple) and item and item[0] == "error":
+            raise AssertionError("child failed:\n" + item[1])
+        return item
+
+    def expect(self, value, timeout=10.0):
+        got = self.get(timeout)
+        assert got == value, f"expected {value!r} from child, got {got!r}"
+        return got
+
+    def join(self, timeout=10.0):
+        self.p.join(timeout)
+        if self.p.is_alive():
+            self.p.kill()
+            self.p.join(5)
+            raise AssertionError(f"child {self.pid} did not finish within {timeout} s")
+        return self.p.exitcode
+
+    def kill(self):
+        if self.p.is_alive():
+            self.p.kill()
+        self.p.join(5)
+
+
+@pytest.fixture
+def children():
+    """Start children with children(fn, *args); all are reaped afterwards."""
+    started = []
+
+    def start(fn, *args, **kw):
+        c = Child(fn, *args, **kw)
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.kill()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run leaves nothing behind in /dev/shm."""
+    mine = [f for f in os.listdir(SHM_DIR) if f.startswith(f"pyshmlock.test-")
+            and f"-{os.getpid()}-" in f]
+    for f in mine:
+        os.unlink(os.path.join(SHM_DIR, f))
+    if mine and exitstatus == 0:
+        session.exitstatus = 1
+        print(f"\nleft behind in {SHM_DIR}: {mine}")

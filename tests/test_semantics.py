@@ -1,0 +1,455 @@
+"""The cross-process semantics of the core issue, one numbered rule at a time.
+Every case has its other side in another process."""
+import threading
+import time
+
+import pytest
+
+import pyshmlock
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ------------------------------------------------------------ helpers
+
+def hold_read(q, name, release_after):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_read(5)
+    q.put("reading")
+    time.sleep(release_after)
+    lk.release_read()
+    q.put("released")
+    lk.close()
+
+
+def hold_read_until_told(q, name, cmd):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_read(5)
+    q.put("reading")
+    cmd.get(timeout=20)
+    lk.release_read()
+    q.put("released")
+    lk.close()
+
+
+def try_read(q, name, timeout):
+    lk = pyshmlock.RWLock(name)
+    t0 = time.monotonic()
+    ok = lk.acquire_read(timeout)
+    q.put((ok, time.monotonic() - t0))
+    if ok:
+        lk.release_read()
+    lk.close()
+
+
+def take_write(q, name, timeout, hold):
+    lk = pyshmlock.RWLock(name)
+    q.put("trying")
+    t0 = time.monotonic()
+    ok = lk.acquire_write(timeout)
+    q.put((ok, time.monotonic() - t0))
+    if ok:
+        time.sleep(hold)
+        lk.release_write()
+    lk.close()
+
+
+def take_update(q, name, timeout, hold):
+    lk = pyshmlock.RWLock(name)
+    q.put("trying")
+    t0 = time.monotonic()
+    ok = lk.acquire_update(timeout)
+    q.put((ok, time.monotonic() - t0))
+    if ok:
+        time.sleep(hold)
+        q.put("releasing")
+        lk.release_update()
+    lk.close()
+
+
+def do_resume(q, name, timeout):
+    lk = pyshmlock.RWLock(name)
+    t0 = time.monotonic()
+    ok = lk.resume(timeout)
+    q.put((ok, time.monotonic() - t0))
+    lk.close()
+
+
+# ---------------------------------------------- 1. atomic admission, pause
+
+def test_pause_blocks_new_readers_in_every_process(lock, lock_name, children):
+    assert lock.pause() is True
+    c = children(try_read, lock_name, 0.3)
+    ok, waited = c.get()
+    assert ok is False and waited >= 0.25
+    assert lock.resume(1)
+    c2 = children(try_read, lock_name, 1)
+    assert c2.get()[0] is True
+
+
+def test_paused_reader_is_admitted_after_resume_elsewhere(lock, lock_name, children):
+    lock.pause()
+    c = children(try_read, lock_name, 10)
+    time.sleep(0.2)
+    assert c.q.empty(), "a reader got in while paused"
+    assert lock.resume(1)
+    ok, waited = c.get()
+    assert ok and waited >= 0.15
+
+
+def test_pause_does_not_revoke_existing_reads(lock, lock_name, children):
+    c = children(hold_read, lock_name, 0.3)
+    c.expect("reading")
+    lock.pause()
+    assert lock.is_locked()
+    assert lock.info().readers == {c.pid: 1}
+    c.expect("released")
+    assert lock.wait_drained(2)
+
+
+def test_queued_writer_blocks_new_readers(lock, lock_name, children):
+    r = children(hold_read, lock_name, 0.5)
+    r.expect("reading")
+    w = children(take_write, lock_name, 5, 0.0)
+    w.expect("trying")
+    time.sleep(0.1)
+    assert not lock.acquire_read(0.1), "reader overtook a queued writer"
+    r.expect("released")
+    ok, _ = w.get()
+    assert ok
+
+
+# ------------------------------------------------------------ 2. update
+
+def test_update_under_pause_skips_frozen_readers_and_pins_the_pause(lock, lock_name, children):
+    cmd = pyshmlock_queue()
+    r = children(hold_read_until_told, lock_name, cmd)
+    r.expect("reading")
+    lock.pause()
+    u = children(take_update, lock_name, 2, 0.6)
+    u.expect("trying")
+    ok, waited = u.get()
+    assert ok and waited < 1.0, "update under pause waited for a frozen reader"
+    res = children(do_resume, lock_name, 5)
+    time.sleep(0.2)
+    assert lock.paused, "resume landed in the middle of an update"
+    u.expect("releasing")
+    ok, waited = res.get()
+    assert ok and waited >= 0.2
+    assert not lock.paused
+    cmd.put("go")
+    r.expect("released")
+
+
+def test_unpaused_update_waits_for_readers_then_pause_lets_it_through(lock, lock_name, children):
+    cmd = pyshmlock_queue()
+    r = children(hold_read_until_told, lock_name, cmd)
+    r.expect("reading")
+    u = children(take_update, lock_name, 10, 0.0)
+    u.expect("trying")
+    time.sleep(0.3)
+    assert u.q.empty(), "an unpaused update did not wait for readers"
+    assert not lock.acquire_read(0.05), "new reader admitted while an update waits"
+    lock.pause()
+    ok, waited = u.get(timeout=2)
+    assert ok and waited >= 0.25
+    u.expect("releasing")
+    assert lock.resume(2)
+    cmd.put("go")
+    r.expect("released")
+
+
+def test_update_waits_for_a_writer(lock, lock_name, children):
+    assert lock.acquire_write(1)
+    lock.pause()
+    u = children(take_update, lock_name, 0.3, 0.0)
+    u.expect("trying")
+    ok, _ = u.get()
+    assert ok is False
+    lock.release_write()
+    u2 = children(take_update, lock_name, 2, 0.0)
+    u2.expect("trying")
+    assert u2.get()[0] is True
+    assert lock.resume(2)
+
+
+def test_resume_timeout_while_update_held(lock, lock_name, children):
+    lock.pause()
+    u = children(take_update, lock_name, 2, 1.0)
+    u.expect("trying")
+    assert u.get()[0]
+    t0 = time.monotonic()
+    assert lock.resume(0.2) is False
+    assert time.monotonic() - t0 >= 0.15
+    assert lock.paused
+    u.expect("releasing")
+    assert lock.resume(2)
+
+
+# ------------------------------------------------------------ 3. fairness
+
+def overlapping_reader(q, name, duration, hold):
+    lk = pyshmlock.RWLock(name)
+    end = time.monotonic() + duration
+    n = 0
+    while time.monotonic() < end:
+        if lk.acquire_read(2):
+            time.sleep(hold)
+            lk.release_read()
+            n += 1
+    q.put(n)
+    lk.close()
+
+
+def looping_writer(q, name, duration, hold, gap):
+    lk = pyshmlock.RWLock(name)
+    end = time.monotonic() + duration
+    waits = []
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        if lk.acquire_write(2):
+            waits.append(time.monotonic() - t0)
+            time.sleep(hold)
+            lk.release_write()
+        time.sleep(gap)
+    q.put(waits)
+    lk.close()
+
+
+def test_writer_not_starved_by_overlapping_readers(lock, lock_name, children):
+    readers = [children(overlapping_reader, lock_name, 1.5, 0.001) for _ in range(3)]
+    w = children(looping_writer, lock_name, 1.5, 0.0, 0.002)
+    waits = w.get(timeout=20)
+    for r in readers:
+        assert r.get(timeout=20) > 10
+    # A loose bound (the machine is shared): the writer gets in over and over.
+    assert len(waits) >= 50, f"writer got in only {len(waits)} times"
+    assert max(waits) < 1.0
+
+
+def test_reader_not_starved_by_a_stream_of_writers(lock, lock_name, children):
+    writers = [children(looping_writer, lock_name, 1.5, 0.003, 0.0) for _ in range(2)]
+    time.sleep(0.2)
+    waits = []
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        assert lock.acquire_read(2), "reader starved by writers"
+        waits.append(time.monotonic() - t0)
+        lock.release_read()
+        time.sleep(0.002)
+    for w in writers:
+        assert len(w.get(timeout=20)) > 10
+    assert len(waits) > 20 and max(waits) < 1.0
+
+
+# ------------------------------------------------ 4. idempotent pause/resume
+
+def pause_resume_storm(q, name, rounds):
+    lk = pyshmlock.RWLock(name)
+    for i in range(rounds):
+        lk.pause()             # another process may resume at any moment,
+        assert lk.resume(10)   # so only "every call returns" is checked
+    q.put("done")
+    lk.close()
+
+
+def test_pause_resume_are_idempotent(lock):
+    assert lock.pause() is True
+    assert lock.pause() is False
+    assert lock.info().paused
+    assert lock.resume(0) is True
+    assert lock.resume(0) is True
+    assert not lock.paused
+
+
+def test_concurrent_pause_resume_from_many_processes_all_return(lock, lock_name, children):
+    cs = [children(pause_resume_storm, lock_name, 300) for _ in range(4)]
+    for c in cs:
+        c.expect("done", timeout=30)
+    assert lock.resume(1)
+    assert lock.acquire_read(1)
+    lock.release_read()
+
+
+# --------------------------------------------------- 5. opened while paused
+
+def report_paused(q, name):
+    lk = pyshmlock.RWLock(name, create=False)
+    q.put((lk.paused, lk.acquire_read(0)))
+    lk.close()
+
+
+def test_process_opening_a_paused_lock_sees_it_paused(lock, lock_name, children):
+    lock.pause()
+    c = children(report_paused, lock_name)
+    assert c.get() == (True, False)
+
+
+# ---------------------------------------------------- 6. hold ownership
+
+def test_any_thread_of_the_process_may_release(lock):
+    assert lock.acquire_write(1)
+    t = threading.Thread(target=lock.release_write)
+    t.start()
+    t.join(5)
+    assert not lock.is_locked()
+    assert lock.acquire_read(1)
+    t = threading.Thread(target=lock.release_read)
+    t.start()
+    t.join(5)
+    assert not lock.is_locked()
+
+
+def test_release_without_hold_raises_and_changes_nothing(lock):
+    assert lock.acquire_read(1)
+    before = lock.info()
+    for release in (lock.release_write, lock.release_update):
+        with pytest.raises(RuntimeError):
+            release()
+    lock.release_read()
+    with pytest.raises(RuntimeError):
+        lock.release_read()
+    after = lock.info()
+    assert before.readers and not after.readers
+    assert after.writer_pid is None and after.updater_pid is None
+    assert lock.acquire_write(0)
+    lock.release_write()
+
+
+def release_parents_read(q, lk):
+    try:
+        lk.release_read()
+        q.put("released")
+    except RuntimeError as e:
+        q.put(("refused", str(e)))
+    q.put(lk.acquire_read(1))
+    lk.release_read()
+
+
+def test_forked_child_holds_nothing_and_cannot_release_parents_hold(lock, children):
+    assert lock.acquire_read(1)
+    c = children(release_parents_read, lock)
+    got = c.get()
+    assert got[0] == "refused"
+    assert c.get() is True
+    assert c.join() == 0
+    assert lock.info().readers == {__import__("os").getpid(): 1}
+    lock.release_read()
+
+
+def test_same_thread_self_deadlock_is_an_error(lock):
+    assert lock.acquire_write(1)
+    with pytest.raises(pyshmlock.WouldDeadlockError):
+        lock.acquire_read()
+    with pytest.raises(pyshmlock.WouldDeadlockError):
+        lock.acquire_write()
+    lock.release_write()
+    lock.pause()
+    assert lock.acquire_update(1)
+    with pytest.raises(pyshmlock.WouldDeadlockError):
+        lock.resume()
+    lock.release_update()
+    assert lock.resume(1)
+
+
+# ------------------------------------------- 7. max_processes and unlink
+
+def open_and_report(q, name, max_processes):
+    lk = pyshmlock.RWLock(name, max_processes=max_processes)
+    q.put(lk.info().max_processes)
+    lk.close()
+
+
+def test_max_processes_is_fixed_by_the_creator(lock_name, children):
+    lk = pyshmlock.RWLock(lock_name, max_processes=5)
+    c = children(open_and_report, lock_name, 100)
+    assert c.get() == 5
+    lk.close()
+
+
+def attach_and_wait(q, name, cmd):
+    lk = pyshmlock.RWLock(name, create=False)
+    q.put("attached")
+    cmd.get(timeout=20)
+    # The old segment keeps working after unlink.
+    assert lk.acquire_write(1)
+    lk.release_write()
+    q.put("still works")
+    lk.close()
+
+
+def test_unlink_refuses_while_others_attached_unless_forced(lock_name, children):
+    lk = pyshmlock.RWLock(lock_name)
+    cmd = pyshmlock_queue()
+    c = children(attach_and_wait, lock_name, cmd)
+    c.expect("attached")
+    with pytest.raises(pyshmlock.LockInUseError):
+        pyshmlock.unlink(lock_name)
+    lk.pause()
+    pyshmlock.unlink(lock_name, force=True)
+    fresh = pyshmlock.RWLock(lock_name)
+    assert not fresh.paused, "a later open must create a fresh lock"
+    cmd.put("go")
+    c.expect("still works")
+    assert lk.paused   # the old segment is unchanged for those still attached
+    fresh.close()
+    lk.close()
+
+
+def test_unlink_ignores_own_attachment(lock_name):
+    lk = pyshmlock.RWLock(lock_name)
+    pyshmlock.unlink(lock_name)
+    with pytest.raises(FileNotFoundError):
+        pyshmlock.RWLock(lock_name, create=False)
+    lk.close()
+
+
+def test_two_objects_in_one_process_share_holds(lock, lock_name):
+    other = pyshmlock.RWLock(lock_name)
+    assert lock.acquire_read(1)
+    other.release_read()            # holds belong to the process
+    assert not lock.is_locked()
+    other.close()
+    assert lock.acquire_write(0)    # still usable after the other closed
+    lock.release_write()
+
+
+def test_close_while_holding_is_refused(lock_name):
+    lk = pyshmlock.RWLock(lock_name)
+    assert lk.acquire_read(1)
+    with pytest.raises(pyshmlock.LockInUseError):
+        lk.close()
+    lk.release_read()
+    lk.close()
+    lk.close()   # idempotent
+    with pytest.raises(ValueError):
+        lk.acquire_read(0)
+
+
+# ------------------------------------------------------- context managers
+
+def test_context_managers(lock, lock_name, children):
+    with lock.reader_lock:
+        assert lock.info().readers
+    with lock.writer_lock:
+        assert lock.info().writer_pid is not None
+    lock.pause()
+    with lock.update_lock:
+        assert lock.info().updater_pid is not None
+    lock.resume(1)
+    assert not lock.is_locked()
+    c = children(take_write, lock_name, 5, 0.5)
+    c.expect("trying")
+    assert c.get()[0]
+    with pytest.raises(TimeoutError):
+        with lock.read(timeout=0.05):
+            pass
+    with lock.read(timeout=5):
+        pass
+    assert not lock.is_locked()
+
+
+def pyshmlock_queue():
+    from conftest import FORK
+    return FORK.Queue()
