@@ -1,0 +1,272 @@
+"""SIGKILL a process at each interesting moment; the survivors carry on.
+
+Bounds on kill-to-recovery time are deliberately generous (the machine is
+shared); bench/ reports the real figures."""
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+import pyshmlock
+from conftest import FORK, Child
+
+pytestmark = pytest.mark.timeout(120)
+
+RECOVERY_BOUND = 1.0   # seconds; typical recovery is well under a millisecond
+
+
+def hold_and_hang(q, name, kind):
+    lk = pyshmlock.RWLock(name)
+    if kind == "read":
+        assert lk.acquire_read(5)
+    elif kind == "write":
+        assert lk.acquire_write(5)
+    elif kind == "update":
+        lk.pause()
+        assert lk.acquire_update(5)
+    q.put("holding")
+    time.sleep(600)
+
+
+def wait_then_hang(q, name, kind):
+    lk = pyshmlock.RWLock(name)
+    q.put("waiting")
+    if kind == "read":
+        lk.acquire_read(600)
+    else:
+        lk.acquire_write(600)
+    q.put("got it")
+    time.sleep(600)
+
+
+def kill_and_time(child, acquire):
+    """Kill `child`, return seconds until `acquire()` (already blocked in a
+    thread) succeeds."""
+    done = {}
+
+    def run():
+        done["ok"] = acquire()
+        done["t"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.2)
+    assert "ok" not in done, "acquired before the holder died"
+    t_kill = time.monotonic()
+    os.kill(child.pid, signal.SIGKILL)
+    t.join(10)
+    assert done.get("ok") is True
+    child.kill()
+    return done["t"] - t_kill
+
+
+def test_dead_reader_lets_a_waiting_writer_in(lock, lock_name, children):
+    c = children(hold_and_hang, lock_name, "read")
+    c.expect("holding")
+    dt = kill_and_time(c, lambda: lock.acquire_write(10))
+    assert dt < RECOVERY_BOUND
+    info = lock.info()
+    assert info.writer_pid == os.getpid()
+    assert any(r.pid == c.pid and "reads" in r.lost for r in info.recoveries)
+    assert not info.data_suspect, "a lost read hold does not make data suspect"
+    lock.release_write()
+
+
+def test_dead_writer_is_reclaimed_and_marks_data_suspect(lock, lock_name, children):
+    c = children(hold_and_hang, lock_name, "write")
+    c.expect("holding")
+    dt = kill_and_time(c, lambda: lock.acquire_read(10))
+    assert dt < RECOVERY_BOUND
+    info = lock.info()
+    assert info.data_suspect
+    rec = [r for r in info.recoveries if r.pid == c.pid]
+    assert rec and rec[0].lost == ("write",) and rec[0].when > time.time() - 60
+    lock.release_read()
+    assert lock.acquire_write(1)
+    assert lock.info().data_suspect, "suspect until an exclusive release completes"
+    lock.release_write()
+    assert not lock.info().data_suspect
+
+
+def test_dead_updater_under_pause_unpins_the_pause(lock, lock_name, children):
+    c = children(hold_and_hang, lock_name, "update")
+    c.expect("holding")
+    assert lock.paused
+    dt = kill_and_time(c, lambda: lock.resume(10))
+    assert dt < RECOVERY_BOUND
+    assert not lock.paused
+    info = lock.info()
+    assert any(r.pid == c.pid and r.lost == ("update",) for r in info.recoveries)
+    assert info.data_suspect
+
+
+def test_pause_of_a_dead_process_stays_set(lock, lock_name, children):
+    c = children(hold_and_hang, lock_name, "update")
+    c.expect("holding")
+    c.kill()
+    info = lock.info()     # looking reclaims the dead update
+    assert info.updater_pid is None
+    assert lock.paused, "resuming is the operator's decision"
+    assert lock.resume(1)
+
+
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_dead_waiter_leaves_no_trace(lock, lock_name, children, kind):
+    if kind == "read":
+        assert lock.acquire_write(1)    # the child queues as an owed reader
+    else:
+        assert lock.acquire_read(1)     # the child claims and drains
+    c = children(wait_then_hang, lock_name, kind)
+    c.expect("waiting")
+    deadline = time.monotonic() + 5
+    while not lock.info().waiters.get(c.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lock.info().waiters.get(c.pid) == 1
+    t_kill = time.monotonic()
+    c.kill()
+    if kind == "read":
+        lock.release_write()
+        assert lock.acquire_write(1), "a dead owed reader must not hold a writer back"
+        lock.release_write()
+    else:
+        # The dead writer's claim blocked new readers; they get in again.
+        t = threading.Thread(target=lambda: (lock.acquire_read(5), lock.release_read()))
+        t.start()
+        t.join(5)
+        assert time.monotonic() - t_kill < RECOVERY_BOUND + 1
+        lock.release_read()
+    info = lock.info()
+    assert c.pid not in info.attached_pids
+    assert c.pid not in info.waiters and c.pid not in info.queued_readers
+    assert c.pid not in info.readers and info.writer_pid is None
+
+
+def test_unlink_without_force_once_all_users_died(lock_name, children):
+    cs = [children(hold_and_hang, lock_name, "read") for _ in range(3)]
+    for c in cs:
+        c.expect("holding")
+    with pytest.raises(pyshmlock.LockInUseError):
+        pyshmlock.unlink(lock_name)
+    for c in cs:
+        c.kill()
+    pyshmlock.unlink(lock_name)
+
+
+def attach_and_sleep(q, name):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_read(5)
+    q.put("attached")
+    time.sleep(600)
+
+
+def test_slots_of_dead_processes_are_reused(lock_name):
+    lk = pyshmlock.RWLock(lock_name, max_processes=8)
+    for i in range(100):
+        c = Child(attach_and_sleep, lock_name)
+        c.expect("attached", timeout=10)
+        c.kill()
+    c = Child(attach_and_sleep, lock_name)
+    c.expect("attached", timeout=10)
+    c.kill()
+    assert lk.acquire_write(2)
+    lk.release_write()
+    lk.close()
+
+
+# ------------------------------------------------ kill at random moments
+
+def chaos_worker(q, name, cells, index, seed):
+    """Random holds; records (kind) in its own cell and checks the others.
+    A cell of a process that is dead does not count (see `conflict`)."""
+    rnd = random.Random(seed)
+    lk = pyshmlock.RWLock(name)
+    pid = os.getpid()
+    while True:
+        op = rnd.random()
+        if op < 0.6:
+            if lk.acquire_read(0.5):
+                _enter(cells, index, pid, 1, lk, q)
+                time.sleep(rnd.random() * 0.0005)
+                cells[index * 2] = 0
+                lk.release_read()
+        elif op < 0.8:
+            if lk.acquire_write(0.5):
+                _enter(cells, index, pid, 2, lk, q)
+                time.sleep(rnd.random() * 0.0005)
+                cells[index * 2] = 0
+                lk.release_write()
+        elif op < 0.9:
+            if lk.acquire_update(0.5):
+                _enter(cells, index, pid, 3, lk, q)
+                time.sleep(rnd.random() * 0.0005)
+                cells[index * 2] = 0
+                lk.release_update()
+        elif op < 0.95:
+            lk.pause()
+        else:
+            lk.resume(0.5)
+
+
+def _enter(cells, index, pid, kind, lk, q):
+    cells[index * 2 + 1] = pid
+    cells[index * 2] = kind
+    n = len(cells) // 2
+    for j in range(n):
+        if j == index:
+            continue
+        other = cells[j * 2]
+        if not other:
+            continue
+        bad = ((kind == 2 and other) or (kind in (1, 3) and other in (2, 3))
+               or (kind == 3 and other == 1 and not lk.paused))
+        if bad and conflict(cells[j * 2 + 1]):
+            q.put(("violation", kind, other))
+
+
+def conflict(pid):
+    """A conflicting cell counts only if its process is still alive after a
+    moment: a SIGKILLed holder's cell stays set while its hold is reclaimed."""
+    time.sleep(0.05)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
+    nworkers = 6
+    cells = FORK.Array("q", nworkers * 2, lock=False)
+    rnd = random.Random(1)
+    workers = [Child(chaos_worker, lock_name, cells, i, i) for i in range(nworkers)]
+    kills = 0
+    try:
+        end = time.monotonic() + 8
+        while time.monotonic() < end and kills < 300:
+            time.sleep(rnd.random() * 0.01)
+            i = rnd.randrange(nworkers)
+            workers[i].kill()
+            kills += 1
+            workers[i] = Child(chaos_worker, lock_name, cells, i, 1000 + kills)
+    finally:
+        for w in workers:
+            w.kill()
+    violations = []
+    for w in workers:
+        while not w.q.empty():
+            violations.append(w.q.get(timeout=1))
+    assert kills >= 100
+    assert violations == []
+    assert lock.resume(2)
+    t0 = time.monotonic()
+    assert lock.acquire_write(1), "writer could not get in after the chaos"
+    assert time.monotonic() - t0 < 1
+    info = lock.info()
+    live = {os.getpid()}
+    assert set(info.readers) <= live and set(info.attached_pids) <= live
+    assert info.writer_pid == os.getpid() and not info.waiters and not info.queued_readers
+    lock.release_write()
