@@ -1,0 +1,82 @@
+"""The `pyshmlock` command: real subprocesses against real locks."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import pyshmlock
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run(*args, timeout=60):
+    p = subprocess.run([sys.executable, "-m", "pyshmlock", *args], capture_output=True,
+                       text=True, timeout=timeout, cwd="/")
+    assert "Traceback" not in p.stderr, p.stderr
+    return p
+
+
+def test_status_pause_resume_rm(lock, lock_name):
+    assert lock.acquire_read(1)
+    p = run("status", lock_name)
+    assert p.returncode == 0
+    assert f"pid {os.getpid()}: 1" in p.stdout and "paused        no" in p.stdout
+    assert run("pause", lock_name).returncode == 0
+    assert lock.paused
+    data = json.loads(run("status", lock_name, "--json").stdout)
+    assert data["paused"] is True and data["readers"] == {str(os.getpid()): 1}
+    assert data["paused_by_pid"] not in (None, os.getpid())
+    assert run("resume", lock_name, "--timeout", "2").returncode == 0
+    assert not lock.paused
+    p = run("ls")
+    assert lock_name in p.stdout
+    p = run("rm", lock_name)
+    assert p.returncode == 1 and "other live process" in p.stderr
+    lock.release_read()
+    assert run("rm", lock_name, "--force").returncode == 0
+    assert lock_name not in run("ls").stdout
+
+
+def test_resume_timeout_exit_code(lock, lock_name):
+    lock.pause()
+    assert lock.acquire_update(1)
+    p = run("resume", lock_name, "--timeout", "0.2")
+    assert p.returncode == 3 and "still paused" in p.stderr
+    lock.release_update()
+    assert run("resume", lock_name, "--timeout", "2").returncode == 0
+
+
+def test_missing_lock_is_a_clean_error(lock_name):
+    for cmd in (["status", lock_name], ["pause", lock_name], ["resume", lock_name],
+                ["rm", lock_name], ["watch", lock_name, "--count", "1"]):
+        p = run(*cmd)
+        assert p.returncode == 1 and "no lock named" in p.stderr, cmd
+
+
+def test_invalid_name_and_usage():
+    p = run("status", "bad/name")
+    assert p.returncode == 1 and "invalid lock name" in p.stderr
+    assert run().returncode == 2
+
+
+def test_watch_refreshes(lock, lock_name):
+    p = run("watch", lock_name, "--count", "2", "--interval", "0.05")
+    assert p.returncode == 0 and p.stdout.count(f"lock {lock_name}") == 2
+
+
+def test_demo_passes_every_scenario():
+    p = run("demo", "--workers", "3", timeout=110)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "5/5 scenarios passed" in p.stdout and "FAIL" not in p.stdout
+
+
+def test_status_reports_recoveries(lock, lock_name, children):
+    from test_crash import hold_and_hang
+    c = children(hold_and_hang, lock_name, "write")
+    c.expect("holding")
+    c.kill()
+    p = run("status", lock_name)
+    assert f"pid {c.pid} died holding write" in p.stdout and "DATA SUSPECT" in p.stdout
+    assert pyshmlock.RWLock  # the library and the CLI agree on the same segment
