@@ -26,25 +26,37 @@ def _declarations():
     return "\n".join(kept)
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(_declarations())
-
 _cflags = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"]
 _ldflags = ["-pthread"]
 if SANITIZE:
     _cflags += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
     _ldflags += ["-fsanitize=address,undefined"]
 
-ffibuilder.set_source(
-    "pyshmlock._shmlock",
-    '#include "shmlock.h"',
-    sources=[os.path.relpath(os.path.join(CSRC, "shmlock.c"), ROOT)],
-    include_dirs=[os.path.relpath(CSRC, ROOT)],
-    extra_compile_args=_cflags,
-    extra_link_args=_ldflags,
-    libraries=["rt"],
-)
+
+
+def make_ffi(absolute_paths=False):
+    """The FFI builder.  setuptools wants source paths relative to the
+    project; a direct build into another directory wants them absolute."""
+    path = (lambda p: p) if absolute_paths else (lambda p: os.path.relpath(p, ROOT))
+    ffi = FFI()
+    ffi.cdef(_declarations())
+    ffi.set_source(
+        "pyshmlock._shmlock",
+        '#include "shmlock.h"',
+        sources=[path(os.path.join(CSRC, "shmlock.c"))],
+        include_dirs=[path(CSRC)],
+        extra_compile_args=_cflags,
+        extra_link_args=_ldflags,
+        libraries=["rt"],
+    )
+    return ffi
+
+
+ffibuilder = make_ffi()
 
 if __name__ == "__main__":
-    os.chdir(ROOT)
-    ffibuilder.compile(verbose=True)
+    # python pyshmlock/_build.py [OUTDIR]: build pyshmlock/_shmlock*.so under
+    # OUTDIR (default: the source tree, for development).
+    import sys
+    outdir = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else ROOT
+    make_ffi(absolute_paths=True).compile(tmpdir=outdir, verbose=True)

@@ -3,7 +3,7 @@
 Each worker reports entering and leaving its holds; the checker (counters in
 an mp.Array under one mp.Lock) records a violation whenever
   - a writer is beside a reader or another exclusive holder,
-  - a reader is beside a writer or an update,
+  - a reader is beside a writer, or beside an update while not paused,
   - an update runs while neither paused nor exclusive,
   - a read hold is granted while a pause was in force for the whole attempt.
 Pause and resume go through pause()/resume() here, which keep a "pause
@@ -28,9 +28,12 @@ class Checker:
         with self.mu:
             return self.c[PAUSE_CONFIRMED], self.c[GATE_GEN]
 
-    def enter_read(self, before):
+    def enter_read(self, before, lock):
         with self.mu:
-            if self.c[WRITERS] or self.c[UPDATES]:
+            # A reader admitted before a pause may report in after an update
+            # was (rightly) granted under that pause; admission during the
+            # pause itself is the "read granted while paused" rule below.
+            if self.c[WRITERS] or (self.c[UPDATES] and not lock.paused):
                 self._violate("reader beside an exclusive holder")
             if before[0] and self.c[GATE_GEN] == before[1]:
                 self._violate("read granted while paused")
@@ -121,7 +124,7 @@ def random_worker(q, name, checker, duration, seed, weights=(50, 15, 15, 5, 15))
         if op == "read":
             before = checker.gate_snapshot()
             if lk.acquire_read(0.5):
-                checker.enter_read(before)
+                checker.enter_read(before, lk)
                 time.sleep(hold)
                 checker.leave_read()
                 lk.release_read()
