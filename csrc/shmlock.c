@@ -511,9 +511,12 @@ static uint64_t sum_owed(shl_lock *h, uint32_t parity)
 
 /* ---------------------------------------------------------- the attempts */
 
-static int excl_is_this_thread(shl_lock *h)
+/* Would this attempt wait for an exclusive hold that its own thread owns?
+ * Not for asyncio attempts, where another task of the thread may release. */
+static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
 {
-    return atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0 &&
+    return !w->shared_thread &&
+           atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0 &&
            atomic_load_explicit(&h->excl_thread, memory_order_relaxed) ==
                (unsigned long)pthread_self();
 }
@@ -544,7 +547,7 @@ static int try_read(shl_lock *h, shl_waiter *w)
     int32_t o = owner_index(h, s);
     if (o == -2)
         return SHL_ECORRUPT;
-    if (o == h->self && excl_is_this_thread(h))
+    if (o == h->self && excl_is_this_thread(h, w))
         return SHL_EDEADLK;
     if (o >= 0 && !w->registered) {
         w->my_epoch = ST_EPOCH(s);
@@ -632,7 +635,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
             if (o == -2)
                 return SHL_ECORRUPT;
             if (o >= 0) {
-                if (o == h->self && excl_is_this_thread(h))
+                if (o == h->self && excl_is_this_thread(h, w))
                     return SHL_EDEADLK;
                 wait_on_state(w, h, s);
                 return SHL_AGAIN;
@@ -672,7 +675,7 @@ static int try_resume(shl_lock *h, shl_waiter *w)
             int32_t o = owner_index(h, s);
             if (o == -2)
                 return SHL_ECORRUPT;
-            if (o == h->self && excl_is_this_thread(h))
+            if (o == h->self && excl_is_this_thread(h, w))
                 return SHL_EDEADLK;
             wait_on_state(w, h, s);
             return SHL_AGAIN;
@@ -783,10 +786,99 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 }
 #endif
 
-static void probe_watched(shl_lock *h, const int32_t *watch, int n)
+/* Watch every other process that holds or owes a read (drain waits). */
+static int collect_reader_slots(shl_lock *h, int32_t *watch, int nwatch, int cap)
 {
-    for (int k = 0; k < n; k++)
-        probe_slot(h, (uint32_t)watch[k]);
+    for (uint32_t i = 0; i < h->max && nwatch < cap; i++)
+        if ((int32_t)i != h->self && !slot_is_clean(&h->slots[i]))
+            watch[nwatch++] = (int32_t)i;
+    return nwatch;
+}
+
+/*
+ * Sleep while each words[k] still holds vals[k] and every watched process
+ * lives, until deadline (-1: forever; capped by the safety net).  Probes the
+ * watched processes when one of them changed or the safety net expired, so a
+ * dead one is reclaimed (which changes the words and wakes everyone else).
+ * Returns 0 (something may have changed), ETIMEDOUT (safety net or
+ * deadline, nothing seen) or EINTR.
+ */
+static int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
+                           int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns)
+{
+    int64_t until = mono_ns() + (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)
+                                     ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
+    if (deadline_ns >= 0 && deadline_ns < until)
+        until = deadline_ns;
+    struct shl_slot *me = &h->slots[h->self];
+    atomic_fetch_add_explicit(&me->waiting, 1, memory_order_relaxed);
+    int outcome = ETIMEDOUT;
+    int probe = 0;
+#ifdef __GLIBC__
+    if (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)) {
+        struct futex_waitv v[FUTEX_WAITV_MAX];
+        int n = 0, gone = 0;
+        for (int k = 0; k < nwords; k++) {
+            v[n].val = vals[k];
+            v[n].uaddr = (uintptr_t)words[k];
+            v[n].flags = FUTEX_32;
+            v[n].__reserved = 0;
+            n++;
+        }
+        for (int k = 0; k < nwatch && !gone && n < FUTEX_WAITV_MAX; k++)
+            gone = arm_death_watch(h, (uint32_t)watch[k], &v[n++]);
+        if (gone) {
+            outcome = 0;
+            probe = 1;
+        } else {
+            struct timespec ts;
+            ns_to_timespec(until, &ts);
+            long rc = syscall(SYS_futex_waitv, v, (unsigned)n, 0, &ts, CLOCK_MONOTONIC);
+            if (rc >= 0) {
+                outcome = 0;
+                probe = rc >= nwords;   /* a death word, not one of ours */
+            } else if (errno == ENOSYS) {
+                atomic_store_explicit(&g_have_waitv, 0, memory_order_relaxed);
+            } else if (errno == EAGAIN) {
+                outcome = 0;            /* a value had already changed */
+            } else if (errno == EINTR) {
+                outcome = EINTR;
+            } else {
+                probe = 1;              /* ETIMEDOUT: the safety net */
+            }
+        }
+    }
+    if (!atomic_load_explicit(&g_have_waitv, memory_order_relaxed))
+#endif
+    {
+        /* Without futex_waitv: sleep on the first word only, probing often. */
+        int64_t cap = mono_ns() + NO_WAITV_PROBE_NS;
+        outcome = futex_wait_until(words[0], vals[0], until < cap ? until : cap);
+        probe = outcome == ETIMEDOUT;
+    }
+    atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_relaxed);
+    if (probe)
+        for (int k = 0; k < nwatch; k++)
+            probe_slot(h, (uint32_t)watch[k]);
+    return outcome;
+}
+
+/* Set SLEEPERS on exactly the state value `val` (by CAS).  Returns the
+ * armed value, or 0 with *changed set if the word moved. */
+static uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed)
+{
+    *changed = 0;
+    if (val & ST_SLEEPERS) {
+        if (atomic_load_explicit(&h->hdr->state, memory_order_seq_cst) != val)
+            *changed = 1;
+        return val;
+    }
+    /* Announce the sleeper on exactly the value the waiter decided on; if
+     * the word moved, the waiter simply tries again. */
+    if (!atomic_compare_exchange_strong_explicit(&h->hdr->state, &val, val | ST_SLEEPERS,
+                                                 memory_order_seq_cst, memory_order_relaxed))
+        *changed = 1;
+    return val | ST_SLEEPERS;
 }
 
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
@@ -795,87 +887,72 @@ int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
-    int64_t now = mono_ns();
-    if (deadline_ns >= 0 && now >= deadline_ns)
+    if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
         return SHL_TIMEDOUT;
 
     _Atomic uint32_t *word;
     uint32_t val = w->expect;
     int32_t watch[FUTEX_WAITV_MAX];
     int nwatch = 0;
-
     if (!w->on_drain) {
+        int changed;
         word = &hd->state;
-        if (!(val & ST_SLEEPERS)) {
-            /* Announce the sleeper on exactly the value we decided on; if the
-             * word moved, the caller simply tries again. */
-            if (!atomic_compare_exchange_strong_explicit(&hd->state, &val, val | ST_SLEEPERS,
-                                                         memory_order_seq_cst,
-                                                         memory_order_relaxed))
-                return SHL_OK;
-            val |= ST_SLEEPERS;
-        } else if (atomic_load_explicit(&hd->state, memory_order_seq_cst) != val) {
+        val = arm_sleepers(h, val, &changed);
+        if (changed)
             return SHL_OK;
-        }
         if (w->watch_slot >= 0 && (uint32_t)w->watch_slot < h->max && w->watch_slot != h->self)
             watch[nwatch++] = w->watch_slot;
     } else {
         word = &hd->drain_seq;
-        /* Watch every other process that holds or owes a read. */
-        for (uint32_t i = 0; i < h->max && nwatch < FUTEX_WAITV_MAX - 1; i++) {
-            struct shl_slot *sl = &h->slots[i];
-            if ((int32_t)i != h->self && !slot_is_clean(sl))
-                watch[nwatch++] = (int32_t)i;
-        }
+        nwatch = collect_reader_slots(h, watch, 0, FUTEX_WAITV_MAX - 1);
     }
-
-    int64_t until = now + (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)
-                               ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
-    if (deadline_ns >= 0 && deadline_ns < until)
-        until = deadline_ns;
-
-    struct shl_slot *me = &h->slots[h->self];
-    atomic_fetch_add_explicit(&me->waiting, 1, memory_order_relaxed);
-    int outcome = 0;   /* 0 woken, 1 a watched process changed, ETIMEDOUT, EINTR */
-#ifdef __GLIBC__
-    if (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)) {
-        struct futex_waitv v[FUTEX_WAITV_MAX];
-        int n = 1, gone = 0;
-        v[0].val = val;
-        v[0].uaddr = (uintptr_t)word;
-        v[0].flags = FUTEX_32;
-        v[0].__reserved = 0;
-        for (int k = 0; k < nwatch && !gone; k++)
-            gone = arm_death_watch(h, (uint32_t)watch[k], &v[n++]);
-        if (gone) {
-            outcome = 1;
-        } else {
-            struct timespec ts;
-            ns_to_timespec(until, &ts);
-            long rc = syscall(SYS_futex_waitv, v, (unsigned)n, 0, &ts, CLOCK_MONOTONIC);
-            if (rc > 0)
-                outcome = 1;
-            else if (rc < 0 && errno == ENOSYS)
-                atomic_store_explicit(&g_have_waitv, 0, memory_order_relaxed);
-            else if (rc < 0 && (errno == ETIMEDOUT || errno == EINTR))
-                outcome = errno;
-        }
-    }
-    if (!atomic_load_explicit(&g_have_waitv, memory_order_relaxed))
-#endif
-    {
-        int64_t cap = mono_ns() + NO_WAITV_PROBE_NS;
-        outcome = futex_wait_until(word, val, until < cap ? until : cap);
-    }
-    atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_relaxed);
-
-    if (outcome == 1 || outcome == ETIMEDOUT)
-        probe_watched(h, watch, nwatch);
-    if (outcome == EINTR)
+    if (sleep_and_probe(h, &word, &val, 1, watch, nwatch, deadline_ns) == EINTR)
         return SHL_EINTR;
     if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
         return SHL_TIMEDOUT;
     return SHL_OK;
+}
+
+int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
+              int64_t deadline_ns)
+{
+    struct shl_header *hd = h->hdr;
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    _Atomic uint32_t *words[2];
+    uint32_t vals[2];
+    int32_t watch[FUTEX_WAITV_MAX];
+    int nwords = 0, nwatch = 0;
+    if (what & SHL_WATCH_STATE) {
+        int changed;
+        uint32_t v = arm_sleepers(h, state_expect, &changed);
+        if (changed)
+            return SHL_OK;
+        words[nwords] = &hd->state;
+        vals[nwords++] = v;
+        int32_t o = owner_index(h, v);
+        if (o >= 0 && o != h->self)
+            watch[nwatch++] = o;
+    }
+    if (what & SHL_WATCH_DRAIN) {
+        /* The parked attempts armed DRAINERS themselves after reading
+         * seq_expect; whoever clears the bit bumps the counter. */
+        if (atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst) != seq_expect)
+            return SHL_OK;
+        words[nwords] = &hd->drain_seq;
+        vals[nwords++] = seq_expect;
+        nwatch = collect_reader_slots(h, watch, nwatch, FUTEX_WAITV_MAX - 2);
+    }
+    if (nwords == 0)
+        return SHL_EINVAL;
+    r = sleep_and_probe(h, words, vals, nwords, watch, nwatch, deadline_ns);
+    return r == EINTR ? SHL_EINTR : r == ETIMEDOUT ? SHL_TIMEDOUT : SHL_OK;
+}
+
+uint32_t shl_load_drain_seq(shl_lock *h)
+{
+    return atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
 }
 
 /* --------------------------------------------------------- blocking calls */
@@ -1316,8 +1393,6 @@ int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
     out->when_ns = __atomic_load_n(&e->when_ns, __ATOMIC_RELAXED);
     return SHL_OK;
 }
-
-uint32_t *shl_state_word(shl_lock *h) { return (uint32_t *)&h->hdr->state; }
 
 uint32_t shl_load_state(shl_lock *h)
 {

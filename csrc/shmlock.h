@@ -58,6 +58,9 @@ typedef struct shl_waiter {
     uint32_t claim_epoch;  /* WRITE/UPDATE: epoch our claim created */
     uint32_t expect;       /* futex value shl_wait compares against */
     int32_t watch_slot;    /* state waits: slot whose death we watch, -1 none */
+    int32_t shared_thread; /* set by the caller for asyncio: other tasks of this
+                              thread may release, so waiting on our own
+                              exclusive hold is not a self-deadlock */
 } shl_waiter;
 
 /* A snapshot of one process slot (shl_slot_info). */
@@ -141,13 +144,22 @@ int shl_try(shl_lock *h, shl_waiter *w);
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
 void shl_cancel(shl_lock *h, shl_waiter *w);
 
+/* For one helper thread that sleeps on behalf of many parked attempts
+ * (asyncio): sleep while the state word still equals state_expect (ignoring
+ * the sleeper bits) and/or the drain counter equals seq_expect, watching the
+ * processes waited on for death.  SHL_OK: something changed (or a dead
+ * process was reclaimed), retry the attempts; SHL_TIMEDOUT: nothing seen
+ * before the deadline or the safety net; SHL_EINTR. */
+#define SHL_WATCH_STATE 1
+#define SHL_WATCH_DRAIN 2
+int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
+              int64_t deadline_ns);
+uint32_t shl_load_drain_seq(shl_lock *h);
+
 /* Observability. */
 int shl_info(shl_lock *h, shl_snapshot *out);
 int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out);
 int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out);
-/* Address of the state word and the drain counter, for futex waiting
- * helpers (asyncio) that sleep on them. */
-uint32_t *shl_state_word(shl_lock *h);
 uint32_t shl_load_state(shl_lock *h);
 
 #endif

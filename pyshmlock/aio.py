@@ -1,0 +1,311 @@
+"""asyncio-native waiting on a shared lock: :class:`AsyncRWLock`.
+
+How a coroutine waits:
+
+1. It makes a non-blocking attempt (``shl_try``) on the event-loop thread.
+   Holds are only ever taken there.
+2. If the attempt must wait, the task parks on a future.  Its attempt keeps
+   its place in the protocol (an owed-reader registration, or a writer's
+   claim, which already blocks new readers).
+3. One helper thread per lock per process sleeps in ``shl_watch`` on the
+   futex words that the parked attempts wait on, and on the processes they
+   wait for.  When anything changes it hands the wake-up to every parked
+   task's loop with ``call_soon_threadsafe``.  Every woken task retries its
+   attempt, so no wake-up is lost.
+4. Cancellation or timeout withdraws the attempt (``shl_cancel``): no hold,
+   no waiter count and no writer claim is left behind, and readers that a
+   cancelled writer was blocking get in at once.
+"""
+import asyncio
+import threading
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._shmlock import ffi, lib
+from .errors import error_for
+from .lock import RWLock, _Hold, deadline_ns
+
+__all__ = ["AsyncRWLock", "async_acquire"]
+
+_SLEEPER_BITS = 0x00018000        # SLEEPERS | DRAINERS: not part of any condition
+_HELPER_IDLE_EXIT_S = 5.0
+_WATCH_SLICE_NS = 200_000_000     # the helper re-checks its parked set this often
+
+
+class _Parked:
+    __slots__ = ("loop", "future", "waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: "asyncio.Future[None]",
+                 waiter: Any) -> None:
+        self.loop = loop
+        self.future = future
+        self.waiter = waiter
+
+
+def _wake_futures(futures: List["asyncio.Future[None]"]) -> None:
+    for f in futures:
+        if not f.done():
+            f.set_result(None)
+
+
+class _Helper:
+    """The one thread per (process, lock) that sleeps for the parked tasks."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self.handle = handle
+        self.name = name
+        self.cond = threading.Condition()
+        self.parked: Dict[int, _Parked] = {}
+        self.thread: Optional[threading.Thread] = None
+
+    def park(self, p: _Parked) -> None:
+        with self.cond:
+            self.parked[id(p.future)] = p
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, daemon=True,
+                                               name=f"pyshmlock-aio-{self.name}")
+                self.thread.start()
+            self.cond.notify()
+
+    def unpark(self, future: "asyncio.Future[None]") -> None:
+        with self.cond:
+            self.parked.pop(id(future), None)
+
+    def _wake(self, items: List[_Parked]) -> None:
+        by_loop: Dict[asyncio.AbstractEventLoop, List["asyncio.Future[None]"]] = {}
+        with self.cond:
+            for p in items:
+                if self.parked.pop(id(p.future), None) is not None:
+                    by_loop.setdefault(p.loop, []).append(p.future)
+        for loop, futures in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_wake_futures, futures)
+            except RuntimeError:
+                pass    # that loop is closed; its tasks are gone
+
+    def _run(self) -> None:
+        h = self.handle
+        while True:
+            with self.cond:
+                if not self.parked:
+                    self.cond.wait(_HELPER_IDLE_EXIT_S)
+                    if not self.parked:
+                        self.thread = None
+                        return
+                items = list(self.parked.values())
+            state = lib.shl_load_state(h)
+            seq = lib.shl_load_drain_seq(h)
+            # A task whose attempt saw other values than these is woken now;
+            # the rest had their conditions decided on exactly these values,
+            # so sleeping on them cannot miss a change.
+            stale = [p for p in items if
+                     (p.waiter.on_drain and p.waiter.expect != seq) or
+                     (not p.waiter.on_drain and
+                      (p.waiter.expect ^ state) & ~_SLEEPER_BITS & 0xFFFFFFFF)]
+            if stale:
+                self._wake(stale)
+                continue
+            what = 0
+            for p in items:
+                what |= lib.SHL_WATCH_DRAIN if p.waiter.on_drain else lib.SHL_WATCH_STATE
+            rc = lib.shl_watch(h, state, seq, what, time.monotonic_ns() + _WATCH_SLICE_NS)
+            if rc == lib.SHL_OK:
+                self._wake(items)
+
+
+_helpers: Dict[Tuple[int, int], _Helper] = {}
+_helpers_lock = threading.Lock()
+
+
+def _helper_for(lock: RWLock) -> _Helper:
+    att = lock._att
+    if att is None:
+        raise ValueError(f"lock {lock.name!r} is closed")
+    with _helpers_lock:
+        helper = _helpers.get(att.key)
+        if helper is None or helper.handle != att.handle:
+            helper = _helpers[att.key] = _Helper(att.handle, lock.name)
+        return helper
+
+
+async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bool:
+    """Wait for a hold (or condition) of `kind` without blocking the loop.
+
+    Returns True once had, False on timeout; cancellation withdraws the
+    attempt and re-raises.
+    """
+    h = lock._handle()
+    deadline = deadline_ns(timeout)
+    w = ffi.new("shl_waiter *")
+    w.kind = kind
+    w.watch_slot = -1
+    w.shared_thread = 1
+    loop = asyncio.get_running_loop()
+    helper: Optional[_Helper] = None
+    try:
+        while True:
+            rc = lib.shl_try(h, w)
+            if rc == lib.SHL_OK:
+                return True
+            if rc != lib.SHL_AGAIN:
+                raise error_for(rc, _KIND_NAMES.get(kind, "acquire"), lock.name)
+            remaining = None if deadline < 0 else (deadline - time.monotonic_ns()) / 1e9
+            if remaining is not None and remaining <= 0:
+                lib.shl_cancel(h, w)
+                return False
+            if helper is None:
+                helper = _helper_for(lock)
+            fut: "asyncio.Future[None]" = loop.create_future()
+            timer = None if remaining is None else loop.call_later(
+                remaining, _wake_futures, [fut])
+            helper.park(_Parked(loop, fut, w))
+            try:
+                await fut
+            finally:
+                helper.unpark(fut)
+                if timer is not None:
+                    timer.cancel()
+    except BaseException:
+        lib.shl_cancel(h, w)     # cancelled or failed: leave nothing behind
+        raise
+
+
+_KIND_NAMES = {
+    lib.SHL_KIND_READ: "acquire_read", lib.SHL_KIND_WRITE: "acquire_write",
+    lib.SHL_KIND_UPDATE: "acquire_update", lib.SHL_KIND_RESUME: "resume",
+    lib.SHL_KIND_RESUMED: "wait_resumed", lib.SHL_KIND_DRAINED: "wait_drained",
+}
+
+
+class AsyncRWLock:
+    """The asyncio view of a shared lock: same segment, same semantics as
+    :class:`RWLock` (a process may hold both views of one name; holds belong
+    to the process either way).
+
+    Waiting never blocks the event loop and never costs a thread per waiter.
+    A cancelled waiter leaves nothing behind.  Also answers to the method
+    names of SGLang's in-process ``RWLock`` (``acquire_reader`` ...), so a
+    tokenizer worker can swap its ``model_update_lock`` and its
+    ``is_pause``/``is_pause_cond`` pair for one shared object.
+    """
+
+    def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
+                 max_processes: int = 256) -> None:
+        self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes)
+        self.name = name
+        #: ``async with lock.reader_lock:`` holds a read for the block.
+        self.reader_lock = self._hold(lib.SHL_KIND_READ, None)
+        #: ``async with lock.writer_lock:`` holds the write lock for the block.
+        self.writer_lock = self._hold(lib.SHL_KIND_WRITE, None)
+        #: ``async with lock.update_lock:`` holds an update for the block.
+        self.update_lock = self._hold(lib.SHL_KIND_UPDATE, None)
+
+    def _hold(self, kind: int, timeout: Optional[float]) -> _Hold:
+        lk = self._lock
+        release = {lib.SHL_KIND_READ: lk.release_read, lib.SHL_KIND_WRITE: lk.release_write,
+                   lib.SHL_KIND_UPDATE: lk.release_update}[kind]
+        what = {lib.SHL_KIND_READ: "read hold", lib.SHL_KIND_WRITE: "write hold",
+                lib.SHL_KIND_UPDATE: "update hold"}[kind]
+        blocking = {lib.SHL_KIND_READ: lk.acquire_read, lib.SHL_KIND_WRITE: lk.acquire_write,
+                    lib.SHL_KIND_UPDATE: lk.acquire_update}[kind]
+
+        async def acquire(t: Optional[float]) -> bool:
+            return await async_acquire(lk, kind, t)
+        return _Hold(blocking, release, timeout, what, acquire)
+
+    # -- coroutines ----------------------------------------------------
+
+    async def acquire_read(self, timeout: Optional[float] = None) -> bool:
+        """Take a shared hold; False on timeout (see RWLock.acquire_read)."""
+        return await async_acquire(self._lock, lib.SHL_KIND_READ, timeout)
+
+    async def acquire_write(self, timeout: Optional[float] = None) -> bool:
+        """Take the exclusive hold; False on timeout (see RWLock.acquire_write)."""
+        return await async_acquire(self._lock, lib.SHL_KIND_WRITE, timeout)
+
+    async def acquire_update(self, timeout: Optional[float] = None) -> bool:
+        """Take the pause-aware exclusive hold (see RWLock.acquire_update)."""
+        return await async_acquire(self._lock, lib.SHL_KIND_UPDATE, timeout)
+
+    async def resume(self, timeout: Optional[float] = None) -> bool:
+        """Open the gate once no update holds it; False on timeout."""
+        return await async_acquire(self._lock, lib.SHL_KIND_RESUME, timeout)
+
+    async def wait_resumed(self, timeout: Optional[float] = None) -> bool:
+        """Wait until the lock is not paused; False on timeout."""
+        return await async_acquire(self._lock, lib.SHL_KIND_RESUMED, timeout)
+
+    async def wait_drained(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no read hold exists in any process; False on timeout."""
+        return await async_acquire(self._lock, lib.SHL_KIND_DRAINED, timeout)
+
+    # -- plain methods -------------------------------------------------
+
+    def release_read(self) -> None:
+        """Give back one read hold of this process."""
+        self._lock.release_read()
+
+    def release_write(self) -> None:
+        """Give back this process's write hold."""
+        self._lock.release_write()
+
+    def release_update(self) -> None:
+        """Give back this process's update hold."""
+        self._lock.release_update()
+
+    def pause(self) -> bool:
+        """Close the gate everywhere; never blocks (see RWLock.pause)."""
+        return self._lock.pause()
+
+    @property
+    def paused(self) -> bool:
+        """Whether the gate is closed (one shared-memory load)."""
+        return self._lock.paused
+
+    def is_locked(self) -> bool:
+        """True if a write/update hold or any read hold exists anywhere."""
+        return self._lock.is_locked()
+
+    def info(self) -> Any:
+        """A snapshot of the lock (see RWLock.info)."""
+        return self._lock.info()
+
+    def close(self) -> None:
+        """Detach (see RWLock.close)."""
+        self._lock.close()
+
+    def read(self, timeout: Optional[float] = None) -> _Hold:
+        """``async with lock.read(timeout=1):`` - TimeoutError if not had in time."""
+        deadline_ns(timeout)
+        return self._hold(lib.SHL_KIND_READ, timeout)
+
+    def write(self, timeout: Optional[float] = None) -> _Hold:
+        """``async with lock.write(timeout=1):`` - TimeoutError if not had in time."""
+        deadline_ns(timeout)
+        return self._hold(lib.SHL_KIND_WRITE, timeout)
+
+    def update(self, timeout: Optional[float] = None) -> _Hold:
+        """``async with lock.update(timeout=1):`` - TimeoutError if not had in time."""
+        deadline_ns(timeout)
+        return self._hold(lib.SHL_KIND_UPDATE, timeout)
+
+    # -- SGLang RWLock compatibility (sglang.srt.aio_rwlock.RWLock) -----
+
+    async def acquire_reader(self) -> None:
+        """SGLang name for ``await acquire_read()``."""
+        await self.acquire_read()
+
+    async def release_reader(self) -> None:
+        """SGLang name for ``release_read()``."""
+        self.release_read()
+
+    async def acquire_writer(self) -> None:
+        """SGLang name for ``await acquire_write()``."""
+        await self.acquire_write()
+
+    async def release_writer(self) -> None:
+        """SGLang name for ``release_write()``."""
+        self.release_write()
+
+    def __repr__(self) -> str:
+        return f"<pyshmlock.AsyncRWLock {self.name!r}>"

@@ -1,0 +1,267 @@
+"""asyncio waiting: many parked tasks, a loop that never blocks, cancellation
+that leaves nothing behind.  The other side of each case is another process."""
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+import pyshmlock
+from conftest import FORK
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def os_threads():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads: line")
+
+
+def resume_after(q, name, delay):
+    lk = pyshmlock.RWLock(name)
+    time.sleep(delay)
+    q.put(("resuming", time.monotonic()))
+    assert lk.resume(5)
+    lk.close()
+
+
+def hold_write_for(q, name, seconds):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_write(5)
+    q.put("holding")
+    time.sleep(seconds)
+    lk.release_write()
+    lk.close()
+
+
+def hold_read_until(q, name, cmd):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_read(5)
+    q.put("reading")
+    cmd.get(timeout=20)
+    lk.release_read()
+    lk.close()
+
+
+def pause_now(q, name):
+    lk = pyshmlock.RWLock(name)
+    lk.pause()
+    q.put("paused")
+    lk.close()
+
+
+def timed_write(q, name, timeout):
+    lk = pyshmlock.RWLock(name)
+    t0 = time.monotonic()
+    ok = lk.acquire_write(timeout)
+    q.put((ok, time.monotonic() - t0))
+    if ok:
+        lk.release_write()
+    lk.close()
+
+
+def test_5000_parked_tasks_on_a_paused_lock(lock_name, children):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    alock.pause()
+
+    async def main():
+        got = []
+
+        async def request(i):
+            async with alock.reader_lock:
+                got.append((i, alock.paused))
+
+        before = os_threads()
+        tasks = [asyncio.create_task(request(i)) for i in range(5000)]
+        await asyncio.sleep(0.5)
+        assert got == [], "a task got a read hold while paused"
+        assert os_threads() - before <= 2
+        c = children(resume_after, lock_name, 0.0)
+        _, t_resume = await asyncio.get_running_loop().run_in_executor(None, c.get)
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        elapsed = time.monotonic() - t_resume
+        assert len(got) == 5000 and not any(p for _, p in got)
+        assert elapsed < 2.0, f"all 5000 got in {elapsed:.2f} s after resume"
+
+    asyncio.run(main())
+    assert not alock.is_locked()
+    alock.close()
+
+
+def test_loop_keeps_ticking_while_a_writer_waits(lock_name, children):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    c = children(hold_write_for, lock_name, 0.5)
+    c.expect("holding")
+
+    async def main():
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        t = asyncio.create_task(ticker())
+        t0 = time.monotonic()
+        assert await alock.acquire_write(5)
+        waited = time.monotonic() - t0
+        alock.release_write()
+        t.cancel()
+        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+        assert waited > 0.3
+        assert len(ticks) > 20 and max(gaps) < 0.1, max(gaps)
+
+    asyncio.run(main())
+    alock.close()
+
+
+@pytest.mark.parametrize("kind", ["read", "write", "update", "wait_resumed"])
+def test_cancelled_waiter_leaves_nothing_behind(lock_name, children, kind):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    cmd = FORK.Queue()
+    if kind == "read":
+        blocker = children(hold_write_for, lock_name, 1.0)
+        blocker.expect("holding")
+        coro = alock.acquire_read
+    elif kind in ("write", "update"):
+        blocker = children(hold_read_until, lock_name, cmd)
+        blocker.expect("reading")
+        coro = alock.acquire_write if kind == "write" else alock.acquire_update
+    else:
+        alock.pause()
+        coro = alock.wait_resumed
+
+    async def main():
+        task = asyncio.create_task(coro())
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    info = alock.info()
+    me = os.getpid()
+    # The helper thread may still be in its last (bounded) sleep; it holds
+    # nothing, but wait for it so `waiters` is checked too.
+    deadline = time.monotonic() + 3
+    while me in info.waiters and time.monotonic() < deadline:
+        time.sleep(0.05)
+        info = alock.info()
+    assert me not in info.readers and me not in info.queued_readers and me not in info.waiters
+    assert info.writer_pid != me and info.updater_pid != me
+    if kind in ("write", "update"):
+        # The cancelled claim blocked new readers; they get in at once.
+        assert alock._lock.acquire_read(0)
+        alock.release_read()
+        cmd.put("go")
+    if kind == "wait_resumed":
+        assert alock._lock.resume(1)
+    w = children(timed_write, lock_name, 5)
+    ok, waited = w.get()
+    assert ok and waited < 2.0
+    alock.close()
+
+
+def test_timeouts_and_context_managers(lock_name, children):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    c = children(hold_write_for, lock_name, 0.6)
+    c.expect("holding")
+
+    async def main():
+        assert await alock.acquire_read(0) is False
+        assert await alock.acquire_read(0.1) is False
+        with pytest.raises(TimeoutError):
+            async with alock.read(0.05):
+                pass
+        async with alock.read(5):
+            assert alock.is_locked()
+        async with alock.writer_lock:
+            assert alock.info().writer_pid == os.getpid()
+        alock.pause()
+        async with alock.update(1):
+            assert alock.info().updater_pid == os.getpid()
+        assert await alock.resume(1)
+        # The blocking RWLock's context managers work under `async with` too.
+        lk = pyshmlock.RWLock(lock_name)
+        async with lk.reader_lock:
+            assert lk.is_locked()
+        lk.close()
+        with pytest.raises(ValueError):
+            await alock.acquire_read(-1)
+
+    asyncio.run(main())
+    assert not alock.is_locked()
+    alock.close()
+
+
+def test_parked_update_proceeds_when_another_process_pauses(lock_name, children):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    cmd = FORK.Queue()
+    r = children(hold_read_until, lock_name, cmd)
+    r.expect("reading")
+
+    async def main():
+        task = asyncio.create_task(alock.acquire_update(10))
+        await asyncio.sleep(0.3)
+        assert not task.done(), "an unpaused update must wait for readers"
+        assert not await alock.acquire_read(0.05)
+        p = children(pause_now, lock_name)
+        await asyncio.get_running_loop().run_in_executor(None, p.get)
+        assert await asyncio.wait_for(task, 2)
+        resume = asyncio.create_task(alock.resume(5))
+        await asyncio.sleep(0.2)
+        assert not resume.done(), "resume must wait for the update"
+        alock.release_update()
+        assert await asyncio.wait_for(resume, 2)
+
+    asyncio.run(main())
+    cmd.put("go")
+    alock.close()
+
+
+def test_sglang_method_names(lock_name):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+
+    async def main():
+        await alock.acquire_reader()
+        assert alock.is_locked()
+        await alock.release_reader()
+        await alock.acquire_writer()
+        assert alock.info().writer_pid == os.getpid()
+        await alock.release_writer()
+        assert not alock.is_locked()
+
+    asyncio.run(main())
+    alock.close()
+
+
+def test_several_loops_in_several_threads(lock_name, children):
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    alock.pause()
+    results = []
+
+    def run_loop():
+        async def main():
+            ok = await asyncio.gather(*(alock.acquire_read(10) for _ in range(50)))
+            for _ in ok:
+                alock.release_read()
+            return all(ok)
+        results.append(asyncio.run(main()))
+
+    threads = [threading.Thread(target=run_loop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    assert not results
+    c = children(resume_after, lock_name, 0.0)
+    c.get()
+    for t in threads:
+        t.join(10)
+    assert results == [True, True, True]
+    assert not alock.is_locked()
+    alock.close()
