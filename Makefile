@@ -9,7 +9,7 @@ test:
 
 # The C core must compile without a single warning.
 warnings:
-	gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -c csrc/shmlock.c -o /dev/null
+	for c in csrc/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -c $$c -o /dev/null || exit 1; done
 
 # The whole test suite against a core built with AddressSanitizer + UBSan.
 # The package is copied to build/sanitize so the instrumented build never

@@ -473,9 +473,12 @@ static int attach_slot(shl_lock *h)
  * owns no slot; it takes one of its own on first use. */
 static int ensure_attached(shl_lock *h)
 {
-    if (__builtin_expect(h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
+    if (__builtin_expect(h != NULL &&
+                         h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
                          && h->self >= 0, 1))
         return SHL_OK;
+    if (h == NULL)
+        return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
     static pthread_mutex_t reattach_mu = PTHREAD_MUTEX_INITIALIZER;
     int r = SHL_OK;
     pthread_mutex_lock(&reattach_mu);
@@ -731,7 +734,7 @@ int shl_try(shl_lock *h, shl_waiter *w)
 
 void shl_cancel(shl_lock *h, shl_waiter *w)
 {
-    if (h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+    if (h == NULL || h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
     if (w->registered) {
@@ -952,6 +955,8 @@ int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t w
 
 uint32_t shl_load_drain_seq(shl_lock *h)
 {
+    if (h == NULL)
+        return 0;
     return atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
 }
 
@@ -1046,6 +1051,8 @@ int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDAT
 
 int shl_pause(shl_lock *h)
 {
+    if (h == NULL)
+        return SHL_ECLOSED;
     struct shl_header *hd = h->hdr;
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
     for (;;) {
@@ -1067,11 +1074,15 @@ int shl_pause(shl_lock *h)
 
 int shl_is_paused(shl_lock *h)
 {
+    if (h == NULL)
+        return SHL_ECLOSED;
     return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
 }
 
 int shl_is_locked(shl_lock *h)
 {
+    if (h == NULL)
+        return SHL_ECLOSED;
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
     if (owner_index(h, s) == -2)
         return SHL_ECORRUPT;
@@ -1270,6 +1281,8 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
 
 int shl_close(shl_lock *h)
 {
+    if (h == NULL)
+        return SHL_ECLOSED;
     int ours = h->self >= 0 &&
                h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
     if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
@@ -1383,6 +1396,8 @@ int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
 
 int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 {
+    if (h == NULL)
+        return SHL_ECLOSED;
     if (index >= SHL_RECOVERY_LOG)
         return SHL_EINVAL;
     struct shl_recovery_entry *e = &h->hdr->recoveries[index];
@@ -1396,5 +1411,7 @@ int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 
 uint32_t shl_load_state(shl_lock *h)
 {
+    if (h == NULL)
+        return 0;
     return atomic_load_explicit(&h->hdr->state, memory_order_acquire);
 }

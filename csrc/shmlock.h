@@ -28,6 +28,7 @@
 #define SHL_EDEADLK    -8   /* this thread would wait for a hold it owns itself */
 #define SHL_ESYS       -9   /* a system call failed; errno says which way */
 #define SHL_EINVAL    -10   /* bad argument (name, max_processes) */
+#define SHL_ECLOSED   -11   /* the handle is NULL: the Python object was closed */
 
 /* What a waiter waits for (shl_waiter.kind). */
 #define SHL_KIND_READ     1

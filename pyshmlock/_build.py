@@ -18,11 +18,17 @@ CSRC = os.path.join(ROOT, "csrc")
 SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
 
 
+HEADERS = ("shmlock.h", "floor.h")     # the lock core, and the benchmark floors
+SOURCES = ("shmlock.c", "floor.c")
+
+
 def _declarations():
-    with open(os.path.join(CSRC, "shmlock.h")) as f:
-        text = f.read()
-    kept = [line for line in text.splitlines()
-            if not re.match(r"\s*#\s*(ifndef|endif|include|define\s+PYSHMLOCK_SHMLOCK_H)", line)]
+    kept = []
+    for header in HEADERS:
+        with open(os.path.join(CSRC, header)) as f:
+            kept += [line for line in f.read().splitlines()
+                     if not re.match(r"\s*#\s*(ifndef|endif|include|define\s+PYSHMLOCK_\w+_H\b)",
+                                     line)]
     return "\n".join(kept)
 
 
@@ -42,8 +48,8 @@ def make_ffi(absolute_paths=False):
     ffi.cdef(_declarations())
     ffi.set_source(
         "pyshmlock._shmlock",
-        '#include "shmlock.h"',
-        sources=[path(os.path.join(CSRC, "shmlock.c"))],
+        "".join(f'#include "{h}"\n' for h in HEADERS),
+        sources=[path(os.path.join(CSRC, c)) for c in SOURCES],
         include_dirs=[path(CSRC)],
         extra_compile_args=_cflags,
         extra_link_args=_ldflags,

@@ -201,17 +201,7 @@ class AsyncRWLock:
         self.update_lock = self._hold(lib.SHL_KIND_UPDATE, None)
 
     def _hold(self, kind: int, timeout: Optional[float]) -> _Hold:
-        lk = self._lock
-        release = {lib.SHL_KIND_READ: lk.release_read, lib.SHL_KIND_WRITE: lk.release_write,
-                   lib.SHL_KIND_UPDATE: lk.release_update}[kind]
-        what = {lib.SHL_KIND_READ: "read hold", lib.SHL_KIND_WRITE: "write hold",
-                lib.SHL_KIND_UPDATE: "update hold"}[kind]
-        blocking = {lib.SHL_KIND_READ: lk.acquire_read, lib.SHL_KIND_WRITE: lk.acquire_write,
-                    lib.SHL_KIND_UPDATE: lk.acquire_update}[kind]
-
-        async def acquire(t: Optional[float]) -> bool:
-            return await async_acquire(lk, kind, t)
-        return _Hold(blocking, release, timeout, what, acquire)
+        return _Hold(self._lock, kind, timeout)
 
     # -- coroutines ----------------------------------------------------
 

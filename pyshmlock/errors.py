@@ -79,6 +79,8 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             "creating it?); remove it with pyshmlock.unlink(name, force=True)")
     if rc == lib.SHL_EBUSY:
         return LockInUseError(f"{where}{what}: the lock is in use")
+    if rc == lib.SHL_ECLOSED:
+        return ValueError(f"{where}{what}: the lock object is closed")
     if rc == lib.SHL_EINVAL:
         return ValueError(f"{where}{what}: invalid argument")
     if rc == lib.SHL_ESYS:

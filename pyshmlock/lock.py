@@ -28,6 +28,16 @@ _OK = lib.SHL_OK
 _TIMEDOUT = lib.SHL_TIMEDOUT
 _EINTR = lib.SHL_EINTR
 
+# The C entry points, bound once: the fast paths below are one Python frame
+# around one C call (see bench/ for what that costs against a bare call).
+_acquire_read = lib.shl_acquire_read
+_release_read = lib.shl_release_read
+_acquire_write = lib.shl_acquire_write
+_release_write = lib.shl_release_write
+_acquire_update = lib.shl_acquire_update
+_release_update = lib.shl_release_update
+_is_paused = lib.shl_is_paused
+
 _LOST_NAMES = (
     (lib.SHL_LOST_WRITE, "write"),
     (lib.SHL_LOST_UPDATE, "update"),
@@ -197,36 +207,55 @@ def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
 
 
 class _Hold:
-    """Context manager for one kind of hold; also usable with ``async with``."""
+    """Context manager for one kind of hold; also usable with ``async with``.
 
-    __slots__ = ("_acquire", "_release", "_timeout", "_what", "_async_acquire")
+    ``__enter__``/``__exit__`` call the C core directly: with no timeout this
+    is the same cost as acquire_*/release_*."""
 
-    def __init__(self, acquire: Callable[[Optional[float]], bool], release: Callable[[], None],
-                 timeout: Optional[float], what: str,
-                 async_acquire: Optional[Callable[..., Any]] = None) -> None:
-        self._acquire = acquire
-        self._release = release
+    __slots__ = ("_lock", "_c_acquire", "_c_release", "_timeout", "_what", "_kind")
+
+    def __init__(self, lock: "RWLock", kind: int, timeout: Optional[float]) -> None:
+        self._lock = lock
+        self._kind = kind
+        self._c_acquire, self._c_release, self._what = _HOLD_KINDS[kind]
         self._timeout = timeout
-        self._what = what
-        self._async_acquire = async_acquire
 
     def __enter__(self) -> "_Hold":
-        if not self._acquire(self._timeout):
-            raise TimeoutError(f"{self._what} not acquired within {self._timeout} s")
+        h = self._lock._h
+        if self._timeout is None:
+            rc = self._c_acquire(h, -1)
+            if rc == _OK:
+                return self
+            d = -1
+        else:
+            d = deadline_ns(self._timeout)
+            rc = self._c_acquire(h, d)
+        if not _finish(rc, self._c_acquire, h, d, self._what, self._lock.name):
+            raise TimeoutError(f"{self._what} of lock {self._lock.name!r} not had "
+                               f"within {self._timeout} s")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._release()
+        rc = self._c_release(self._lock._h)
+        if rc:
+            raise error_for(rc, "release of " + self._what, self._lock.name)
 
     async def __aenter__(self) -> "_Hold":
-        if self._async_acquire is None:
-            raise TypeError(f"{self._what} has no asyncio form")
-        if not await self._async_acquire(self._timeout):
-            raise TimeoutError(f"{self._what} not acquired within {self._timeout} s")
+        from .aio import async_acquire
+        if not await async_acquire(self._lock, self._kind, self._timeout):
+            raise TimeoutError(f"{self._what} of lock {self._lock.name!r} not had "
+                               f"within {self._timeout} s")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self._release()
+        self.__exit__()
+
+
+_HOLD_KINDS = {
+    lib.SHL_KIND_READ: (_acquire_read, _release_read, "read hold"),
+    lib.SHL_KIND_WRITE: (_acquire_write, _release_write, "write hold"),
+    lib.SHL_KIND_UPDATE: (_acquire_update, _release_update, "update hold"),
+}
 
 
 class RWLock:
@@ -260,24 +289,15 @@ class RWLock:
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes)
         self._h = self._att.handle
         #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
-        self.reader_lock = _Hold(self.acquire_read, self.release_read, None, "read hold",
-                                 self._async_acquire(lib.SHL_KIND_READ))
+        self.reader_lock = _Hold(self, lib.SHL_KIND_READ, None)
         #: ``with lock.writer_lock:`` holds the write lock for the block.
-        self.writer_lock = _Hold(self.acquire_write, self.release_write, None, "write hold",
-                                 self._async_acquire(lib.SHL_KIND_WRITE))
+        self.writer_lock = _Hold(self, lib.SHL_KIND_WRITE, None)
         #: ``with lock.update_lock:`` holds an update for the block.
-        self.update_lock = _Hold(self.acquire_update, self.release_update, None, "update hold",
-                                 self._async_acquire(lib.SHL_KIND_UPDATE))
-
-    def _async_acquire(self, kind: int) -> Callable[..., Any]:
-        async def acquire(timeout: Optional[float]) -> bool:
-            from .aio import async_acquire
-            return await async_acquire(self, kind, timeout)
-        return acquire
+        self.update_lock = _Hold(self, lib.SHL_KIND_UPDATE, None)
 
     def _handle(self) -> Any:
         h = self._h
-        if h is None:
+        if h == ffi.NULL:
             raise ValueError(f"lock {self.name!r} is closed")
         return h
 
@@ -286,31 +306,32 @@ class RWLock:
     def acquire_read(self, timeout: Optional[float] = None) -> bool:
         """Take a shared hold.  Waits while the lock is paused, or while a
         writer holds it or queued before this reader."""
-        h = self._h or self._handle()
-        d = -1 if timeout is None else deadline_ns(timeout)
-        rc = lib.shl_acquire_read(h, d)
-        if rc == _OK:
-            return True
-        return _finish(rc, lib.shl_acquire_read, h, d, "acquire_read", self.name)
+        if timeout is None:
+            rc = _acquire_read(self._h, -1)
+            if rc == _OK:
+                return True
+            return _finish(rc, _acquire_read, self._h, -1, "acquire_read", self.name)
+        d = deadline_ns(timeout)
+        return _finish(_acquire_read(self._h, d), _acquire_read, self._h, d,
+                       "acquire_read", self.name)
 
     def release_read(self) -> None:
         """Give back one read hold of this process (RuntimeError if none)."""
-        rc = lib.shl_release_read(self._h or self._handle())
-        if rc != _OK:
+        rc = _release_read(self._h)
+        if rc:
             raise error_for(rc, "release_read", self.name)
 
     def acquire_write(self, timeout: Optional[float] = None) -> bool:
         """Take the exclusive hold: blocks new readers at once, then waits for
         every read hold in every process, paused or not."""
-        h = self._h or self._handle()
         d = deadline_ns(timeout)
-        return _finish(lib.shl_acquire_write(h, d), lib.shl_acquire_write, h, d,
+        return _finish(_acquire_write(self._h, d), _acquire_write, self._h, d,
                        "acquire_write", self.name)
 
     def release_write(self) -> None:
         """Give back this process's write hold (RuntimeError if none)."""
-        rc = lib.shl_release_write(self._h or self._handle())
-        if rc != _OK:
+        rc = _release_write(self._h)
+        if rc:
             raise error_for(rc, "release_write", self.name)
 
     def acquire_update(self, timeout: Optional[float] = None) -> bool:
@@ -322,15 +343,14 @@ class RWLock:
         it waits for readers like a writer, and proceeds at once if a pause
         arrives while it waits.
         """
-        h = self._h or self._handle()
         d = deadline_ns(timeout)
-        return _finish(lib.shl_acquire_update(h, d), lib.shl_acquire_update, h, d,
+        return _finish(_acquire_update(self._h, d), _acquire_update, self._h, d,
                        "acquire_update", self.name)
 
     def release_update(self) -> None:
         """Give back this process's update hold (RuntimeError if none)."""
-        rc = lib.shl_release_update(self._h or self._handle())
-        if rc != _OK:
+        rc = _release_update(self._h)
+        if rc:
             raise error_for(rc, "release_update", self.name)
 
     # -- the pause gate ------------------------------------------------
@@ -341,37 +361,40 @@ class RWLock:
         Never blocks; existing read holds stay.  Returns True if this call
         paused the lock, False if it was already paused.
         """
-        return lib.shl_pause(self._h or self._handle()) == 1
+        rc = lib.shl_pause(self._h)
+        if rc < 0:
+            raise error_for(rc, "pause", self.name)
+        return rc == 1
 
     def resume(self, timeout: Optional[float] = None) -> bool:
         """Open the gate.  Waits while an update hold exists (however it was
         taken); True once the lock runs, False on timeout."""
-        h = self._h or self._handle()
+        h = self._h
         d = deadline_ns(timeout)
         return _finish(lib.shl_resume(h, d), lib.shl_resume, h, d, "resume", self.name)
 
     @property
     def paused(self) -> bool:
         """Whether the gate is closed (one shared-memory load)."""
-        return bool(lib.shl_is_paused(self._h or self._handle()))
+        return _is_paused(self._h) == 1
 
     def wait_resumed(self, timeout: Optional[float] = None) -> bool:
         """Wait until the lock is not paused; False on timeout."""
-        h = self._h or self._handle()
+        h = self._h
         d = deadline_ns(timeout)
         return _finish(lib.shl_wait_resumed(h, d), lib.shl_wait_resumed, h, d,
                        "wait_resumed", self.name)
 
     def wait_drained(self, timeout: Optional[float] = None) -> bool:
         """Wait until no read hold exists in any process; False on timeout."""
-        h = self._h or self._handle()
+        h = self._h
         d = deadline_ns(timeout)
         return _finish(lib.shl_wait_drained(h, d), lib.shl_wait_drained, h, d,
                        "wait_drained", self.name)
 
     def is_locked(self) -> bool:
         """True if a write/update hold or any read hold exists anywhere."""
-        rc = lib.shl_is_locked(self._h or self._handle())
+        rc = lib.shl_is_locked(self._h)
         if rc < 0:
             raise error_for(rc, "is_locked", self.name)
         return bool(rc)
@@ -381,20 +404,17 @@ class RWLock:
     def read(self, timeout: Optional[float] = None) -> _Hold:
         """``with lock.read(timeout=1):`` - a read hold, TimeoutError if not had in time."""
         deadline_ns(timeout)   # validate now, not at __enter__
-        return _Hold(self.acquire_read, self.release_read, timeout, "read hold",
-                     self._async_acquire(lib.SHL_KIND_READ))
+        return _Hold(self, lib.SHL_KIND_READ, timeout)
 
     def write(self, timeout: Optional[float] = None) -> _Hold:
         """``with lock.write(timeout=1):`` - the write hold, TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return _Hold(self.acquire_write, self.release_write, timeout, "write hold",
-                     self._async_acquire(lib.SHL_KIND_WRITE))
+        return _Hold(self, lib.SHL_KIND_WRITE, timeout)
 
     def update(self, timeout: Optional[float] = None) -> _Hold:
         """``with lock.update(timeout=1):`` - an update hold, TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return _Hold(self.acquire_update, self.release_update, timeout, "update hold",
-                     self._async_acquire(lib.SHL_KIND_UPDATE))
+        return _Hold(self, lib.SHL_KIND_UPDATE, timeout)
 
     # -- observability -------------------------------------------------
 
@@ -459,7 +479,8 @@ class RWLock:
             return
         _detach(att)
         self._att = None
-        self._h = None
+        self._h = ffi.NULL            # the C core refuses a NULL handle
+        self.__class__ = _ClosedRWLock
 
     def __enter__(self) -> "RWLock":
         return self
@@ -468,8 +489,26 @@ class RWLock:
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._h is None else ("paused" if self.paused else "running")
-        return f"<pyshmlock.RWLock {self.name!r} {state}>"
+        return f"<pyshmlock.RWLock {self.name!r} {'paused' if self.paused else 'running'}>"
+
+
+class _ClosedRWLock(RWLock):
+    """What a closed RWLock becomes: every use raises ValueError."""
+
+    def _closed(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError(f"lock {self.name!r} is closed")
+
+    acquire_read = acquire_write = acquire_update = _closed
+    release_read = release_write = release_update = _closed
+    pause = resume = wait_resumed = wait_drained = is_locked = info = _closed
+    read = write = update = _closed
+    paused = property(_closed)   # type: ignore[assignment]
+
+    def close(self) -> None:
+        """Already closed: nothing to do."""
+
+    def __repr__(self) -> str:
+        return f"<pyshmlock.RWLock {self.name!r} closed>"
 
 
 def _recoveries(h: Any, count: int) -> List[Recovery]:

@@ -1,0 +1,65 @@
+"""Microbenchmark fixtures, and a summary that states every figure as a ratio
+to the floors measured in the same run."""
+import mmap
+import os
+import statistics
+import tempfile
+import uuid
+
+import pytest
+
+import pyshmlock
+
+PAIRS_PER_ASYNC_CALL = 1000
+
+
+@pytest.fixture
+def lock():
+    name = f"bench-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    lk = pyshmlock.RWLock(name)
+    yield lk
+    lk.close()
+    pyshmlock.unlink(name, force=True)
+
+
+@pytest.fixture
+def shm_word():
+    """A 4-byte word in a real shared-memory mapping, for the floor."""
+    path = os.path.join("/dev/shm", f"bench-floor-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.ftruncate(fd, 4096)
+    m = mmap.mmap(fd, 4096)
+    os.close(fd)
+    yield m
+    m.close()
+    os.unlink(path)
+
+
+@pytest.fixture
+def tmp_path_file():
+    d = tempfile.mkdtemp(prefix="pyshmlock-bench-")
+    yield os.path.join(d, "lockfile")
+    for f in os.listdir(d):
+        os.unlink(os.path.join(d, f))
+    os.rmdir(d)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    bs = getattr(config, "_benchmarksession", None)
+    if not bs or not bs.benchmarks:
+        return
+    med = {}
+    for b in bs.benchmarks:
+        if not b.stats or not b.stats.data:
+            continue
+        per = b.extra_info.get("pairs_per_call", 1)
+        med[b.name.split("[")[0]] = statistics.median(b.stats.data) / per * 1e9
+    floor = med.get("test_floor_two_cffi_atomic_calls")
+    sem = med.get("test_peer_posix_ipc_semaphore_pair")
+    tr = terminalreporter
+    tr.section("medians, as ratios to the floors of this run")
+    tr.write_line(f"{'benchmark':46} {'median':>10} {'/ floor':>9} {'/ posix_ipc':>12}")
+    for name, ns in sorted(med.items(), key=lambda kv: kv[1]):
+        r1 = f"{ns / floor:.2f}x" if floor else "-"
+        r2 = f"{ns / sem:.2f}x" if sem else "-"
+        tr.write_line(f"{name[5:]:46} {ns:>8.0f}ns {r1:>9} {r2:>12}")
