@@ -27,6 +27,7 @@ from .lock import RWLock, _Hold, deadline_ns
 
 __all__ = ["AsyncRWLock", "async_acquire"]
 
+_try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
 _SLEEPER_BITS = 0x00018000        # SLEEPERS | DRAINERS: not part of any condition
 _HELPER_IDLE_EXIT_S = 5.0
 _WATCH_SLICE_NS = 200_000_000     # the helper re-checks its parked set this often
@@ -136,6 +137,13 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
     """
     h = lock._handle()
     deadline = deadline_ns(timeout)
+    if kind == lib.SHL_KIND_READ:
+        # Fast path: one try in C with no allocation; parking only if it fails.
+        rc = _try_read_once(h, 0)
+        if rc == lib.SHL_OK:
+            return True
+        if rc < 0:
+            raise error_for(rc, "acquire_read", lock.name)
     w = ffi.new("shl_waiter *")
     w.kind = kind
     w.watch_slot = -1

@@ -6,6 +6,7 @@
     pyshmlock pause NAME              close the gate
     pyshmlock resume NAME [--timeout S]
     pyshmlock rm NAME [--force]
+    pyshmlock bench [--quick]         benchmarks next to the usual peers
     pyshmlock demo [--workers N]      the cross-process races, replayed
 
 Expected failures (missing lock, permission denied, timeout, lock in use)
@@ -160,6 +161,12 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmark import main as bench_main
+    bench_main(args.quick, args.json, args.png)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
     return EXIT_OK if run_demo(workers=args.workers) else EXIT_ERROR
@@ -190,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s.add_argument("--force", action="store_true", help="even if processes are attached")
     s.set_defaults(fn=cmd_rm)
+    s = sub.add_parser("bench", help="multi-process benchmarks next to the usual peers")
+    s.add_argument("--quick", action="store_true", help="a run under a minute")
+    s.add_argument("--json", default="pyshmlock-bench.json", help="where to write results")
+    s.add_argument("--png", default=None, help="also draw a chart (needs matplotlib)")
+    s.set_defaults(fn=cmd_bench)
     s = sub.add_parser("demo", help="replay the multi-worker pause/update races")
     s.add_argument("--workers", type=int, default=4)
     s.set_defaults(fn=cmd_demo)

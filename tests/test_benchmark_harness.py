@@ -1,0 +1,39 @@
+"""The benchmark harness runs and reports (speed itself is bench/'s job)."""
+import json
+
+import pytest
+
+from pyshmlock import benchmark
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_sections_produce_figures_for_pyshmlock():
+    rt = benchmark.read_throughput([1, 2], 0.1)
+    assert rt["pyshmlock x2"]["pairs_per_s"] > 0
+    ws = benchmark.writer_starvation(0.3)
+    assert ws["pyshmlock"]["writer_acquisitions"] > 0
+    pw = benchmark.pause_to_wake([2], 3)
+    for label in ("pyshmlock resume() x2", "pyshmlock asyncio task x2",
+                  "raw futex broadcast (floor) x2"):
+        assert pw[label]["rounds"] == 3 and pw[label]["median_us"] > 0, pw[label]
+    kr = benchmark.kill_to_recovery(2)
+    assert kr["pyshmlock dead writer"]["median_us"] > 0
+    assert kr["pyshmlock dead reader"]["median_us"] > 0
+    report = benchmark.format_report({"read_throughput": rt, "writer_starvation": ws,
+                                      "pause_to_wake": pw, "kill_to_recovery": kr})
+    assert "pyshmlock dead writer" in report and "raw futex broadcast" in report
+
+
+def test_cli_bench_quick_writes_json(tmp_path):
+    import subprocess
+    import sys
+    path = tmp_path / "out.json"
+    p = subprocess.run([sys.executable, "-m", "pyshmlock", "bench", "--quick", "--json",
+                        str(path)], capture_output=True, text=True, timeout=110, cwd="/")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(path.read_text())
+    assert data["quick"] is True
+    assert data["writer_starvation"]["pyshmlock"]["writer_acquisitions"] > 0
+    assert data["kill_to_recovery"]["pyshmlock dead writer"]["median_us"] > 0
+    assert "writer starvation" in p.stdout and "kill-to-recovery" in p.stdout
