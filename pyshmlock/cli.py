@@ -7,7 +7,7 @@
     pyshmlock resume NAME [--timeout S]
     pyshmlock rm NAME [--force]
     pyshmlock bench [--quick]         benchmarks next to the usual peers
-    pyshmlock demo [--workers N]      the cross-process races, replayed
+    pyshmlock demo [--workers N] [--backend shared|local] [--keep-running]
 
 Expected failures (missing lock, permission denied, timeout, lock in use)
 print one line on stderr and exit non-zero, without a traceback.
@@ -168,8 +168,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-    return EXIT_OK if run_demo(workers=args.workers) else EXIT_ERROR
+    try:
+        from .demo import run_demo
+    except ImportError as e:
+        raise _Fail(f"the demo needs {e.name}: pip install 'pyshmlock[demo]'") from None
+    ok = run_demo(workers=args.workers, backend=args.backend, requests=args.requests,
+                  cycles=args.cycles, keep_running=args.keep_running)
+    return EXIT_OK if ok else EXIT_ERROR
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,8 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default="pyshmlock-bench.json", help="where to write results")
     s.add_argument("--png", default=None, help="also draw a chart (needs matplotlib)")
     s.set_defaults(fn=cmd_bench)
-    s = sub.add_parser("demo", help="replay the multi-worker pause/update races")
-    s.add_argument("--workers", type=int, default=4)
+    s = sub.add_parser("demo", help="an SGLang-shaped multi-worker server, driven through "
+                                     "the pause/update races")
+    s.add_argument("--workers", type=int, default=4, help="tokenizer workers (default 4)")
+    s.add_argument("--backend", choices=["shared", "local"], default="shared",
+                   help="shared: pyshmlock; local: per-worker flags + broadcast (SGLang today)")
+    s.add_argument("--requests", type=int, default=16,
+                   help="concurrent requests sent while paused (default 16)")
+    s.add_argument("--cycles", type=int, default=1000,
+                   help="pause/continue cycles sent to random workers (default 1000)")
+    s.add_argument("--keep-running", action="store_true",
+                   help="leave the server up afterwards (for curl and the CLI)")
     s.set_defaults(fn=cmd_demo)
     return p
 

@@ -66,12 +66,6 @@ def test_watch_refreshes(lock, lock_name):
     assert p.returncode == 0 and p.stdout.count(f"lock {lock_name}") == 2
 
 
-def test_demo_passes_every_scenario():
-    p = run("demo", "--workers", "3", timeout=110)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "5/5 scenarios passed" in p.stdout and "FAIL" not in p.stdout
-
-
 def test_status_reports_recoveries(lock, lock_name, children):
     from test_crash import hold_and_hang
     c = children(hold_and_hang, lock_name, "write")

@@ -1,0 +1,84 @@
+"""State the demo server's processes share, besides the lock itself.
+
+* The simulated model: two weight shards, each with a version.  A weight
+  update writes shard A, works for a while, then writes shard B, with
+  `updating` set in between.  The scheduler records a violation whenever it
+  generates a token while `updating` is set or the shards disagree.
+* Counters for the scenario table.
+* The engine lock: a second pyshmlock lock.  The scheduler holds a read of it
+  for each generation step; `quiesce()` takes and drops its write hold, which
+  waits out a step in progress.  After a pause, that is the scheduler's
+  acknowledgement that no token is being generated (SGLang's scheduler
+  answers a pause request the same way).
+"""
+import multiprocessing as mp
+from typing import Any
+
+from ..lock import RWLock
+
+CTX = mp.get_context("fork")
+
+# Pause modes, as SGLang's /pause_generation takes them.
+MODES = {"abort": 1, "in_place": 2, "retract": 3}
+MODE_NAMES = {v: k for k, v in MODES.items()}
+
+_FIELDS = ("shard_a", "shard_b", "updating", "violations_updating", "violations_mixed",
+           "tokens", "aborted", "retracted", "pause_mode", "scheduler_paused", "updates")
+
+
+class SharedState:
+    """Counters in one shared array (inherited by forked processes)."""
+
+    def __init__(self) -> None:
+        self._a = CTX.RawArray("q", len(_FIELDS))
+        self._mu = CTX.Lock()     # guards read-modify-write of counters
+
+    def __getattr__(self, key: str) -> int:
+        if key in _FIELDS:
+            return int(self._a[_FIELDS.index(key)])
+        raise AttributeError(key)
+
+    def set(self, key: str, value: int) -> None:
+        self._a[_FIELDS.index(key)] = value
+
+    def add(self, key: str, delta: int = 1) -> int:
+        with self._mu:
+            i = _FIELDS.index(key)
+            self._a[i] += delta
+            return int(self._a[i])
+
+    @property
+    def violations(self) -> int:
+        return self.violations_updating + self.violations_mixed
+
+    def snapshot(self) -> dict:
+        return {k: int(self._a[i]) for i, k in enumerate(_FIELDS)}
+
+
+def engine_lock_name(name: str) -> str:
+    return name + ".engine"
+
+
+def quiesce(engine: RWLock, timeout: float = 10.0) -> bool:
+    """Wait until the scheduler is between generation steps (see module doc)."""
+    if not engine.acquire_write(timeout):
+        return False
+    engine.release_write()
+    return True
+
+
+def swap_weights(state: SharedState, seconds: float) -> int:
+    """The simulated weight update: shard A, work, shard B."""
+    import time
+    version = state.shard_a + 1
+    state.set("updating", 1)
+    state.set("shard_a", version)
+    time.sleep(seconds)
+    state.set("shard_b", version)
+    state.set("updating", 0)
+    state.add("updates")
+    return version
+
+
+def new_state() -> Any:
+    return SharedState()
