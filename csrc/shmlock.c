@@ -336,7 +336,7 @@ static void wake_drainers(shl_lock *h)
      * slot.readers; with the drainer's "set DRAINERS, then scan" it forms
      * the Dekker pair that makes a lost drain wake-up impossible. */
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-    while (s & ST_DRAINERS) {
+    while (s & ST_DRAINERS) {   /* [model:WAKE_DRAINERS] */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s & ~ST_DRAINERS,
                                                   memory_order_seq_cst,
                                                   memory_order_seq_cst)) {
@@ -361,14 +361,14 @@ static void recover_slot(shl_lock *h, uint32_t i)
     struct shl_header *hd = h->hdr;
     struct shl_slot *sl = &h->slots[i];
     uint32_t pid = atomic_load_explicit(&sl->pid, memory_order_relaxed);
-    uint32_t reads = atomic_exchange_explicit(&sl->readers, 0, memory_order_seq_cst);
-    uint32_t owed = atomic_exchange_explicit(&sl->rwait[0], 0, memory_order_seq_cst);
+    uint32_t reads = atomic_exchange_explicit(&sl->readers, 0, memory_order_seq_cst); /* [model:RECOVER_READS] */
+    uint32_t owed = atomic_exchange_explicit(&sl->rwait[0], 0, memory_order_seq_cst); /* [model:RECOVER_OWED] */
     owed += atomic_exchange_explicit(&sl->rwait[1], 0, memory_order_seq_cst);
     atomic_store_explicit(&sl->waiting, 0, memory_order_relaxed);
     uint32_t what = 0;
 
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-    while (owner_of(s) == i + 1) {
+    while (owner_of(s) == i + 1) {   /* [model:RECOVER_CLAIM] */
         uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
         if (s & ST_GRANTED)
             /* Mark suspect before the hold is released, so that whoever is
@@ -381,8 +381,6 @@ static void recover_slot(shl_lock *h, uint32_t i)
             else
                 what |= (s & ST_UPDATE) ? SHL_LOST_UPDATE : SHL_LOST_WRITE;
             atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
-            if (s & ST_SLEEPERS)
-                futex_wake_all(&hd->state);
             break;
         }
     }
@@ -390,8 +388,13 @@ static void recover_slot(shl_lock *h, uint32_t i)
     if (owed) what |= SHL_LOST_WAITERS;
     if (what)
         record_recovery(h, pid, what, reads, owed);
-    if (reads || owed)
-        wake_drainers(h);
+    /* [model:RECOVER_WAKE] Wake everyone on both words, whatever the bits
+     * say: the dead process may have died between a CAS that cleared a
+     * sleeper bit and the FUTEX_WAKE it owed. */
+    atomic_fetch_and_explicit(&hd->state, ~(ST_SLEEPERS | ST_DRAINERS), memory_order_seq_cst);
+    atomic_fetch_add_explicit(&hd->drain_seq, 1, memory_order_seq_cst);
+    futex_wake_all(&hd->state);
+    futex_wake_all(&hd->drain_seq);
     atomic_store_explicit(&sl->pid, 0, memory_order_relaxed);
 }
 
@@ -419,7 +422,7 @@ static int probe_slot(shl_lock *h, uint32_t i)
     if ((int32_t)i == h->self)
         return 1;
     struct shl_slot *sl = &h->slots[i];
-    int r = pthread_mutex_trylock(&sl->owner);
+    int r = pthread_mutex_trylock(&sl->owner);   /* [model:PROBE] */
     if (r == EBUSY)
         return 1;
     if (r == EOWNERDEAD) {
@@ -524,20 +527,18 @@ static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
                (unsigned long)pthread_self();
 }
 
-static void wait_on_state(shl_waiter *w, shl_lock *h, uint32_t s)
+static void wait_on_state(shl_waiter *w, uint32_t s)
 {
-    int32_t o = owner_index(h, s);
     w->on_drain = 0;
     w->expect = s;
-    w->watch_slot = o >= 0 ? o : -1;
 }
 
 static int try_read(shl_lock *h, shl_waiter *w)
 {
     struct shl_slot *me = &h->slots[h->self];
     /* Announce, then look (reader half of the Dekker pair; see the top). */
-    atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst);
-    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst);   /* [model:READ_ANNOUNCE] */
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
     if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0, 1))
         goto granted;
     /* Owed reader: queued behind an earlier phase, and the current claim
@@ -545,7 +546,7 @@ static int try_read(shl_lock *h, shl_waiter *w)
     if (!(s & (ST_PAUSED | ST_GRANTED)) && w->registered && ST_EPOCH(s) != w->my_epoch)
         goto granted;
 
-    if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1)
+    if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
         wake_drainers(h);
     int32_t o = owner_index(h, s);
     if (o == -2)
@@ -553,15 +554,26 @@ static int try_read(shl_lock *h, shl_waiter *w)
     if (o == h->self && excl_is_this_thread(h, w))
         return SHL_EDEADLK;
     if (o >= 0 && !w->registered) {
+        /* [model:READ_REGISTER] queue as owed behind the phase of epoch s */
         w->my_epoch = ST_EPOCH(s);
         atomic_fetch_add_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
         w->registered = 1;
+    } else if (o >= 0 && (s & ST_GRANTED) && ST_EPOCH(s) != w->my_epoch) {
+        /* [model:READ_REQUEUE] A later claim was granted before we got in
+         * (we registered after its claimant counted the owed readers).  Move
+         * our registration to that claim's epoch, so the claim after it
+         * waits for us: a reader waits through at most two phases. */
+        uint32_t old = w->my_epoch;
+        w->my_epoch = ST_EPOCH(s);
+        atomic_fetch_add_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
+        atomic_fetch_sub_explicit(&me->rwait[old & 1], 1, memory_order_seq_cst);
+        wake_drainers(h);
     }
-    wait_on_state(w, h, s);
+    wait_on_state(w, s);
     return SHL_AGAIN;
 
 granted:
-    if (w->registered) {
+    if (w->registered) {   /* [model:READ_ADMIT_OWED] */
         atomic_fetch_sub_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
         w->registered = 0;
         wake_drainers(h);
@@ -574,7 +586,7 @@ granted:
 static uint32_t arm_drainers(shl_lock *h)
 {
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
-    while (!(s & ST_DRAINERS)) {
+    while (!(s & ST_DRAINERS)) {   /* [model:DRAIN_ARM] */
         if (atomic_compare_exchange_weak_explicit(&h->hdr->state, &s, s | ST_DRAINERS,
                                                   memory_order_seq_cst, memory_order_seq_cst))
             return s | ST_DRAINERS;
@@ -598,19 +610,19 @@ static int drain_for_exclusive(shl_lock *h, shl_waiter *w)
     int update = w->kind == SHL_KIND_UPDATE;
     /* Read the counter before arming and scanning: a reader that leaves
      * after our scan bumps it, so the futex wait cannot miss that. */
-    uint32_t seq = atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst);
+    uint32_t seq = atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst); /* [model:DRAIN_SEQ] */
     uint32_t s = arm_drainers(h);
     for (;;) {
         if (owner_of(s) != (uint32_t)h->self + 1)
             return SHL_ECORRUPT;   /* nobody else may clear a live claim */
         if (s & ST_GRANTED)
             break;
-        if (!(s & ST_PAUSED) && sum_owed(h, (w->claim_epoch + 1) & 1) > 0) {
+        if (!(s & ST_PAUSED) && sum_owed(h, (w->claim_epoch + 1) & 1) > 0) { /* [model:DRAIN_OWED_SCAN] */
             w->on_drain = 1;
             w->expect = seq;
             return SHL_AGAIN;
         }
-        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_GRANTED,
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_GRANTED, /* [model:EXCL_GRANT] */
                                                   memory_order_seq_cst, memory_order_seq_cst)) {
             s |= ST_GRANTED;
             break;
@@ -618,7 +630,7 @@ static int drain_for_exclusive(shl_lock *h, shl_waiter *w)
     }
     /* GRANTED is set (seq_cst); now count readers once more.  A paused lock
      * freezes readers in the application, so an update stops waiting. */
-    if ((update && (s & ST_PAUSED)) || sum_readers(h) == 0) {
+    if ((update && (s & ST_PAUSED)) || sum_readers(h) == 0) {   /* [model:DRAIN_READER_SCAN] */
         grant_exclusive(h, w);
         return SHL_OK;
     }
@@ -640,7 +652,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
             if (o >= 0) {
                 if (o == h->self && excl_is_this_thread(h, w))
                     return SHL_EDEADLK;
-                wait_on_state(w, h, s);
+                wait_on_state(w, s);
                 return SHL_AGAIN;
             }
             ns = ((s & ~ST_SLEEPERS) + ST_EPOCH_ONE) | ((uint32_t)h->self + 1);
@@ -651,7 +663,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
             }
             /* seq_cst: writer half of the Dekker pair with try_read. */
             if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                      memory_order_relaxed))
+                                                      memory_order_relaxed)) /* [model:EXCL_CLAIM] */
                 break;
         }
         /* Owed readers may enter while we drain: wake the sleepers. */
@@ -680,12 +692,12 @@ static int try_resume(shl_lock *h, shl_waiter *w)
                 return SHL_ECORRUPT;
             if (o == h->self && excl_is_this_thread(h, w))
                 return SHL_EDEADLK;
-            wait_on_state(w, h, s);
+            wait_on_state(w, s);
             return SHL_AGAIN;
         }
         uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                  memory_order_seq_cst))
+                                                  memory_order_seq_cst)) /* [model:RESUME_CLEAR] */
             break;
     }
     atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
@@ -699,9 +711,7 @@ static int try_wait_resumed(shl_lock *h, shl_waiter *w)
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
     if (!(s & ST_PAUSED))
         return SHL_OK;
-    w->on_drain = 0;
-    w->expect = s;
-    w->watch_slot = -1;
+    wait_on_state(w, s);
     return SHL_AGAIN;
 }
 
@@ -737,7 +747,7 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
     if (h == NULL || h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
-    if (w->registered) {
+    if (w->registered) {   /* [model:CANCEL_REGISTERED] */
         atomic_fetch_sub_explicit(&h->slots[h->self].rwait[w->my_epoch & 1], 1,
                                   memory_order_seq_cst);
         w->registered = 0;
@@ -745,7 +755,7 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
     }
     if (w->claimed) {
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-        while (owner_of(s) == (uint32_t)h->self + 1) {
+        while (owner_of(s) == (uint32_t)h->self + 1) {   /* [model:CANCEL_CLAIM] */
             if (atomic_compare_exchange_weak_explicit(&hd->state, &s,
                                                       s & ~(ST_CLAIM_BITS | ST_SLEEPERS),
                                                       memory_order_seq_cst,
@@ -773,7 +783,7 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 {
     uint32_t *word = mutex_word(&h->slots[i].owner);
     uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-    if ((cur & FUTEX_TID_MASK) == 0 || (cur & FUTEX_OWNER_DIED))
+    if ((cur & FUTEX_TID_MASK) == 0 || (cur & FUTEX_OWNER_DIED))   /* [model:DEATH_WATCH] */
         return 1;
     if (!(cur & FUTEX_WAITERS)) {
         uint32_t want = cur | FUTEX_WAITERS;
@@ -789,13 +799,24 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 }
 #endif
 
-/* Watch every other process that holds or owes a read (drain waits). */
-static int collect_reader_slots(shl_lock *h, int32_t *watch, int nwatch, int cap)
+/*
+ * A sleeper watches every other attached process, not only the one it waits
+ * for: any process may die between changing a word and its FUTEX_WAKE (a
+ * releaser after its CAS, a reader after its last decrement), and then the
+ * kernel's OWNER_DIED wake-up on that process's mutex is the only wake-up
+ * left.  The woken watcher reclaims the slot, and reclaiming always wakes
+ * everyone (recover_slot).  Up to FUTEX_WAITV_MAX - 2 processes are watched;
+ * beyond that the safety net covers the rest.
+ */
+static int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
 {
-    for (uint32_t i = 0; i < h->max && nwatch < cap; i++)
-        if ((int32_t)i != h->self && !slot_is_clean(&h->slots[i]))
-            watch[nwatch++] = (int32_t)i;
-    return nwatch;
+    int n = 0;
+    for (uint32_t i = 0; i < h->max && n < cap; i++)
+        if ((int32_t)i != h->self &&
+            (atomic_load_explicit(&h->slots[i].pid, memory_order_relaxed) != 0 ||
+             !slot_is_clean(&h->slots[i])))
+            watch[n++] = (int32_t)i;
+    return n;
 }
 
 /*
@@ -836,7 +857,7 @@ static int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const ui
         } else {
             struct timespec ts;
             ns_to_timespec(until, &ts);
-            long rc = syscall(SYS_futex_waitv, v, (unsigned)n, 0, &ts, CLOCK_MONOTONIC);
+            long rc = syscall(SYS_futex_waitv, v, (unsigned)n, 0, &ts, CLOCK_MONOTONIC); /* [model:FUTEX_WAIT] */
             if (rc >= 0) {
                 outcome = 0;
                 probe = rc >= nwords;   /* a death word, not one of ours */
@@ -866,22 +887,27 @@ static int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const ui
     return outcome;
 }
 
-/* Set SLEEPERS on exactly the state value `val` (by CAS).  Returns the
- * armed value, or 0 with *changed set if the word moved. */
+/* Set SLEEPERS on the state word if it still holds the value `val` the
+ * waiter decided on, ignoring the two sleeper bits (no condition depends on
+ * them: a writer arming DRAINERS must not send every sleeping reader round
+ * its loop).  Returns the armed value to sleep on, or sets *changed. */
 static uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed)
 {
+    const uint32_t bits = ST_SLEEPERS | ST_DRAINERS;
+    uint32_t cur = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
     *changed = 0;
-    if (val & ST_SLEEPERS) {
-        if (atomic_load_explicit(&h->hdr->state, memory_order_seq_cst) != val)
+    for (;;) {
+        if ((cur ^ val) & ~bits) {
             *changed = 1;
-        return val;
+            return cur;
+        }
+        if (cur & ST_SLEEPERS)
+            return cur;
+        if (atomic_compare_exchange_weak_explicit(&h->hdr->state, &cur, cur | ST_SLEEPERS,
+                                                  memory_order_seq_cst,
+                                                  memory_order_seq_cst)) /* [model:WAIT_ARM_SLEEPERS] */
+            return cur | ST_SLEEPERS;
     }
-    /* Announce the sleeper on exactly the value the waiter decided on; if
-     * the word moved, the waiter simply tries again. */
-    if (!atomic_compare_exchange_strong_explicit(&h->hdr->state, &val, val | ST_SLEEPERS,
-                                                 memory_order_seq_cst, memory_order_relaxed))
-        *changed = 1;
-    return val | ST_SLEEPERS;
 }
 
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
@@ -903,12 +929,10 @@ int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
         val = arm_sleepers(h, val, &changed);
         if (changed)
             return SHL_OK;
-        if (w->watch_slot >= 0 && (uint32_t)w->watch_slot < h->max && w->watch_slot != h->self)
-            watch[nwatch++] = w->watch_slot;
     } else {
         word = &hd->drain_seq;
-        nwatch = collect_reader_slots(h, watch, 0, FUTEX_WAITV_MAX - 1);
     }
+    nwatch = collect_watch_set(h, watch, FUTEX_WAITV_MAX - 1);
     if (sleep_and_probe(h, &word, &val, 1, watch, nwatch, deadline_ns) == EINTR)
         return SHL_EINTR;
     if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
@@ -934,9 +958,6 @@ int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t w
             return SHL_OK;
         words[nwords] = &hd->state;
         vals[nwords++] = v;
-        int32_t o = owner_index(h, v);
-        if (o >= 0 && o != h->self)
-            watch[nwatch++] = o;
     }
     if (what & SHL_WATCH_DRAIN) {
         /* The parked attempts armed DRAINERS themselves after reading
@@ -945,10 +966,10 @@ int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t w
             return SHL_OK;
         words[nwords] = &hd->drain_seq;
         vals[nwords++] = seq_expect;
-        nwatch = collect_reader_slots(h, watch, nwatch, FUTEX_WAITV_MAX - 2);
     }
     if (nwords == 0)
         return SHL_EINVAL;
+    nwatch = collect_watch_set(h, watch, FUTEX_WAITV_MAX - 2);
     r = sleep_and_probe(h, words, vals, nwords, watch, nwatch, deadline_ns);
     return r == EINTR ? SHL_EINTR : r == ETIMEDOUT ? SHL_TIMEDOUT : SHL_OK;
 }
@@ -967,7 +988,6 @@ static int run_blocking(shl_lock *h, int kind, int64_t deadline_ns)
     shl_waiter w;
     memset(&w, 0, sizeof w);
     w.kind = kind;
-    w.watch_slot = -1;
     for (;;) {
         int r = shl_try(h, &w);
         if (r == SHL_OK)
@@ -1010,7 +1030,7 @@ int shl_release_read(shl_lock *h)
         }
         /* seq_cst: release half of the drain handshake (see wake_drainers). */
     } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
-                                                    memory_order_seq_cst, memory_order_relaxed));
+                                                    memory_order_seq_cst, memory_order_relaxed)); /* [model:RELEASE_READ] */
     if (c == 1)
         wake_drainers(h);
     return SHL_OK;
@@ -1040,7 +1060,7 @@ static int release_exclusive(shl_lock *h, int kind)
      * visible to whoever is admitted next. */
     while (!atomic_compare_exchange_weak_explicit(&hd->state, &s, s & ~(ST_CLAIM_BITS | ST_SLEEPERS),
                                                   memory_order_seq_cst, memory_order_relaxed)) {
-    }
+    }   /* [model:EXCL_RELEASE] */
     if (s & ST_SLEEPERS)
         futex_wake_all(&hd->state);
     return SHL_OK;
@@ -1061,7 +1081,7 @@ int shl_pause(shl_lock *h)
         /* seq_cst: pairs with try_read's increment-then-load; a reader whose
          * load comes later in the total order sees PAUSED. */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PAUSED,
-                                                  memory_order_seq_cst, memory_order_relaxed))
+                                                  memory_order_seq_cst, memory_order_relaxed)) /* [model:PAUSE_SET] */
             break;
     }
     atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);

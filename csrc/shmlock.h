@@ -58,7 +58,6 @@ typedef struct shl_waiter {
     uint32_t my_epoch;     /* READ: epoch of the exclusive phase we queued behind */
     uint32_t claim_epoch;  /* WRITE/UPDATE: epoch our claim created */
     uint32_t expect;       /* futex value shl_wait compares against */
-    int32_t watch_slot;    /* state waits: slot whose death we watch, -1 none */
     int32_t shared_thread; /* set by the caller for asyncio: other tasks of this
                               thread may release, so waiting on our own
                               exclusive hold is not a self-deadlock */

@@ -146,7 +146,6 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
             raise error_for(rc, "acquire_read", lock.name)
     w = ffi.new("shl_waiter *")
     w.kind = kind
-    w.watch_slot = -1
     w.shared_thread = 1
     loop = asyncio.get_running_loop()
     helper: Optional[_Helper] = None
