@@ -2,7 +2,7 @@
 PYTHON ?= python3
 SAN_DIR := build/sanitize
 
-.PHONY: test sanitize warnings clean
+.PHONY: test sanitize warnings verify verify-quick fuzz clean
 
 test:
 	pip install -q '.[test]' && pytest
@@ -23,6 +23,26 @@ sanitize: warnings
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  PYTHONPATH=$$PWD $(PYTHON) -m pytest -q -p no:cacheprovider $(CURDIR)/tests
+
+# Model-check the protocol with SPIN (apt-get install spin): every
+# configuration and every mutant; prints which C line each model step mirrors.
+verify:
+	$(PYTHON) verify/run.py --markers
+
+verify-quick:
+	$(PYTHON) verify/run.py --quick
+
+# Coverage-guided fuzzing of segment opening (clang + libFuzzer: apt-get
+# install clang-14 libclang-rt-14-dev).  FUZZ_SECONDS=600 for a longer run.
+FUZZ_SECONDS ?= 60
+CLANG ?= clang-14
+fuzz:
+	mkdir -p build/fuzz-corpus
+	cp verify/fuzz-seeds/* build/fuzz-corpus/ 2>/dev/null || true
+	$(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+	  -DOPEN_WAIT_NS=0 -Icsrc csrc/shmlock.c verify/fuzz_open.c -o build/fuzz_open -lpthread
+	ASAN_OPTIONS=detect_leaks=0 build/fuzz_open -max_total_time=$(FUZZ_SECONDS) \
+	  -timeout=10 -print_final_stats=1 build/fuzz-corpus
 
 clean:
 	rm -rf build dist *.egg-info pyshmlock/_shmlock.* csrc/*.o

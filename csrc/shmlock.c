@@ -109,7 +109,9 @@
  * as a safety net only: deaths normally wake it through futex_waitv. */
 #define SAFETY_NET_NS      (100LL * 1000 * 1000)
 #define NO_WAITV_PROBE_NS  (5LL * 1000 * 1000)
+#ifndef OPEN_WAIT_NS   /* how long an opener waits for a creator still initialising */
 #define OPEN_WAIT_NS       (2000LL * 1000 * 1000)
+#endif
 
 struct shl_recovery_entry {
     uint32_t pid, what, reads, owed;
@@ -415,6 +417,32 @@ static void init_slot_mutex(pthread_mutex_t *m)
     pthread_mutexattr_destroy(&a);
 }
 
+/*
+ * The slot mutexes live in shared memory, so glibc would act on whatever
+ * bytes are there.  Before any pthread call touches one, check that it is a
+ * mutex of the kind we create (robust, process-shared), by comparing glibc's
+ * kind field with that of a reference mutex initialised here.  A foreign or
+ * corrupted mutex makes the slot count as corrupt instead of reaching glibc.
+ * (A malicious peer with write access can still corrupt a mutex while it is
+ * held; see docs/DESIGN.md, "Shared memory is untrusted".)
+ */
+static int slot_mutex_sane(pthread_mutex_t *m)
+{
+#ifdef __GLIBC__
+    static int want = -1;
+    if (want == -1) {
+        pthread_mutex_t ref;
+        init_slot_mutex(&ref);
+        want = ref.__data.__kind;
+        pthread_mutex_destroy(&ref);
+    }
+    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == want;
+#else
+    (void)m;
+    return 1;
+#endif
+}
+
 /* Is slot i owned by a live process?  Reclaims it if its owner is dead (or
  * if it is free but holds leftovers).  Returns 1 alive, 0 not. */
 static int probe_slot(shl_lock *h, uint32_t i)
@@ -422,6 +450,8 @@ static int probe_slot(shl_lock *h, uint32_t i)
     if ((int32_t)i == h->self)
         return 1;
     struct shl_slot *sl = &h->slots[i];
+    if (!slot_mutex_sane(&sl->owner))
+        return 1;   /* corrupt: never reclaimed, never handed to glibc */
     int r = pthread_mutex_trylock(&sl->owner);   /* [model:PROBE] */
     if (r == EBUSY)
         return 1;
@@ -453,6 +483,8 @@ static int attach_slot(shl_lock *h)
 {
     for (uint32_t i = 0; i < h->max; i++) {
         struct shl_slot *sl = &h->slots[i];
+        if (!slot_mutex_sane(&sl->owner))
+            return SHL_ECORRUPT;
         int r = keeper_call(KEEP_TRYLOCK, &sl->owner);
         if (r < 0)
             return SHL_ESYS;
@@ -777,10 +809,13 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
  * waiter if FUTEX_WAITERS is set.  We set that bit so a death wakes us. */
 static uint32_t *mutex_word(pthread_mutex_t *m) { return (uint32_t *)&m->__data.__lock; }
 
-/* Fill v with a watch on slot i's death.  Returns 1 if the owner is already
- * gone (probe instead of sleeping), 0 if armed. */
+/* Fill v with a watch on slot i's death.  Returns 0 if armed, 1 if the
+ * owner is already gone (probe instead of sleeping), 2 if the slot's mutex
+ * is not one of ours (skip it). */
 static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 {
+    if (!slot_mutex_sane(&h->slots[i].owner))
+        return 2;   /* corrupt: watch nothing there (probing skips it too) */
     uint32_t *word = mutex_word(&h->slots[i].owner);
     uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if ((cur & FUTEX_TID_MASK) == 0 || (cur & FUTEX_OWNER_DIED))   /* [model:DEATH_WATCH] */
@@ -849,8 +884,12 @@ static int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const ui
             v[n].__reserved = 0;
             n++;
         }
-        for (int k = 0; k < nwatch && !gone && n < FUTEX_WAITV_MAX; k++)
-            gone = arm_death_watch(h, (uint32_t)watch[k], &v[n++]);
+        for (int k = 0; k < nwatch && !gone && n < FUTEX_WAITV_MAX; k++) {
+            int a = arm_death_watch(h, (uint32_t)watch[k], &v[n]);
+            if (a == 0)
+                n++;
+            gone = a == 1;
+        }
         if (gone) {
             outcome = 0;
             probe = 1;
@@ -1178,6 +1217,10 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
         struct stat st;
         if (fstat(fd, &st) != 0)
             return SHL_ESYS;
+        /* A creator sets the full size (ftruncate) before it writes a byte:
+         * a non-empty segment shorter than our header is not one of ours. */
+        if (st.st_size > 0 && (size_t)st.st_size < sizeof(struct shl_header))
+            return SHL_EFOREIGN;
         if ((size_t)st.st_size >= sizeof(struct shl_header)) {
             size_t len = (size_t)st.st_size;
             void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

@@ -71,7 +71,13 @@ def test_foreign_segment(lock_name):
 def test_short_foreign_segment(lock_name):
     with open(seg_path(lock_name), "wb") as f:
         f.write(b"tiny")
-    with pytest.raises(pyshmlock.UninitializedSegmentError):
+    with pytest.raises(pyshmlock.ForeignSegmentError):
+        pyshmlock.RWLock(lock_name)
+
+
+def test_empty_segment_is_an_unfinished_creation(lock_name):
+    open(seg_path(lock_name), "wb").close()   # a creator that died before ftruncate
+    with pytest.raises(pyshmlock.UninitializedSegmentError, match="never initialised"):
         pyshmlock.RWLock(lock_name)
 
 

@@ -1,0 +1,175 @@
+"""Run the SPIN model of the lock protocol (verify/shmlock.pml).
+
+    python verify/run.py [--quick] [--mutants-only] [--markers]
+
+For each configuration: generate the verifier with `spin -a`, compile it,
+run it, and report the states searched and whether every property held:
+assertions (mutual exclusion, no read while paused, resume never during an
+update, phase-fair bounds) and invalid end states (a deadlock, or a lost
+wake-up: a process asleep forever with no timeout to rescue it).
+
+Each mutant injects one protocol bug; the run passes only if SPIN finds it.
+`--markers` prints, for every step of the model, the C line it mirrors.
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = os.path.join(HERE, "shmlock.pml")
+CORE = os.path.join(os.path.dirname(HERE), "csrc", "shmlock.c")
+MARKER = re.compile(r"\[model:([A-Z_]+)\]")
+
+
+class Config(NamedTuple):
+    name: str
+    defines: Tuple[str, ...]
+    exhaustive: bool = True      # False: bitstate (supertrace), a partial search
+    quick: bool = True           # part of --quick (and of the test suite)
+
+
+W, R, U, P = "KIND_WRITE", "KIND_READ", "KIND_UPDATE", "KIND_NONE"   # P: pause+resume
+
+
+def fixed(a: str, b: str, c: str) -> Tuple[str, ...]:
+    """Three processes, one operation each, fixed (process i runs the i-th)."""
+    return ("NP=3", "OPS=1", "MAXDEATHS=0", f"KIND0={a}", f"KIND1={b}", f"KIND2={c}")
+
+
+CONFIGS = [
+    Config("2 processes x 1 op", ("NP=2", "OPS=1", "MAXDEATHS=0")),
+    Config("2 processes x 1 op, waits may time out", ("NP=2", "OPS=1", "MAXDEATHS=0",
+                                                        "TIMEOUTS")),
+    Config("2 processes x 1 op, one may be SIGKILLed", ("NP=2", "OPS=1", "MAXDEATHS=1")),
+    Config("3 processes: read, update, pause+resume", fixed(R, U, P)),
+    Config("2 processes x 2 ops", ("NP=2", "OPS=2", "MAXDEATHS=0"), quick=False),
+    Config("3 processes: write, read, write", fixed(W, R, W), quick=False),
+    Config("3 processes: read, read, update", fixed(R, R, U), quick=False),
+    Config("3 processes: update, pause+resume, read", fixed(U, P, R), quick=False),
+    Config("3 processes: write, update, pause+resume", fixed(W, U, P), quick=False),
+    Config("3 processes x 1 op, free choice (bitstate)", ("NP=3", "OPS=1", "MAXDEATHS=0"),
+           exhaustive=False, quick=False),
+]
+
+# mutant -> the configuration that exposes it, and what it breaks
+MUTANTS: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
+    "NO_SLEEPER_BIT": (("NP=2", "OPS=1", "MAXDEATHS=0"), True,
+                       "waiter does not set SLEEPERS: a release skips FUTEX_WAKE (lost wake-up)"),
+    "NO_DRAIN_WAKE": (("NP=2", "OPS=1", "MAXDEATHS=0"), True,
+                      "leaving reader does not wake the drainers (lost wake-up)"),
+    "READ_IGNORES_PAUSE": (("NP=2", "OPS=1", "MAXDEATHS=0"), True,
+                           "read admitted while paused"),
+    "RESUME_IGNORES_UPDATE": (("NP=2", "OPS=1", "MAXDEATHS=0"), True,
+                              "resume completes during an update"),
+    "RECOVERY_KEEPS_CLAIM": (("NP=2", "OPS=1", "MAXDEATHS=1"), True,
+                             "a dead writer's claim is never reclaimed (deadlock)"),
+    "SCAN_BEFORE_GRANT": (fixed(W, R, W), True,
+                          "writer counts readers before GRANTED and never again "
+                          "(a late owed reader overlaps it)"),
+}
+
+
+class Outcome(NamedTuple):
+    errors: int
+    states: float
+    seconds: float
+    complete: bool
+    detail: str
+
+
+def run_spin(defines: Tuple[str, ...], exhaustive: bool, timeout: float) -> Outcome:
+    """One verification run in a scratch directory."""
+    work = tempfile.mkdtemp(prefix="pyshmlock-spin-")
+    try:
+        shutil.copy(MODEL, work)
+        dflags = [f"-D{d}" for d in defines]
+        subprocess.run(["spin", "-a", *dflags, "shmlock.pml"], cwd=work, check=True,
+                       capture_output=True, text=True, timeout=60)
+        cflags = ["-O2", "-DSAFETY", "-DMEMLIM=12000"]
+        cflags += ["-DCOLLAPSE"] if exhaustive else ["-DBITSTATE"]
+        subprocess.run(["gcc", *cflags, "-o", "pan", "pan.c"], cwd=work, check=True,
+                       capture_output=True, text=True, timeout=120)
+        args = ["./pan", "-m4000000"] + ([] if exhaustive else ["-w32"])
+        t0 = time.monotonic()
+        p = subprocess.Popen(args, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGINT)    # pan stops and prints its statistics
+            out, _ = p.communicate(timeout=60)
+            out += "\nSearch not completed (time limit)"
+        seconds = time.monotonic() - t0
+        m = re.search(r"errors: (\d+)", out)
+        errors = int(m.group(1)) if m else -1
+        m = re.search(r"([\d.e+]+) states, stored", out)
+        states = float(m.group(1)) if m else 0.0
+        complete = "Search not completed" not in out and "Interrupted" not in out and exhaustive
+        first = re.search(r"pan:1: (.*)", out)
+        return Outcome(errors, states, seconds, complete, first.group(1) if first else "")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def markers() -> List[Tuple[str, Optional[int]]]:
+    """Every marker of the model with the line of shmlock.c that carries it."""
+    with open(MODEL) as f:
+        in_model = sorted(set(MARKER.findall(f.read())))
+    lines: Dict[str, int] = {}
+    with open(CORE) as f:
+        for n, line in enumerate(f, 1):
+            for name in MARKER.findall(line):
+                lines.setdefault(name, n)
+    return [(name, lines.get(name)) for name in in_model]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only the small configurations")
+    ap.add_argument("--mutants-only", action="store_true")
+    ap.add_argument("--markers", action="store_true", help="print model step -> C line")
+    ap.add_argument("--timeout", type=float, default=900.0,
+                    help="seconds per run; a bitstate run is cut there and reported")
+    args = ap.parse_args(argv)
+    if shutil.which("spin") is None:
+        print("spin is not installed (Debian: apt-get install spin)", file=sys.stderr)
+        return 2
+    if args.markers:
+        for name, line in markers():
+            print(f"  [model:{name}]  csrc/shmlock.c:{line if line else 'MISSING'}")
+    ok = True
+    if not args.mutants_only:
+        print("protocol (every property must hold):")
+        for cfg in CONFIGS:
+            if args.quick and not cfg.quick:
+                continue
+            r = run_spin(cfg.defines, cfg.exhaustive, args.timeout)
+            held = r.errors == 0
+            kind = ("exhaustive" if r.complete else
+                    "bitstate, partial" if not cfg.exhaustive else "INCOMPLETE")
+            ok = ok and held and (r.complete or not cfg.exhaustive)
+            print(f"  {'HOLDS' if held else 'FAILS'}  {cfg.name:44} {r.states:>14,.0f} states "
+                  f"({kind}, {r.seconds:.1f} s){'  ' + r.detail if r.detail else ''}")
+    print("mutants (each must be caught):")
+    for name, (defines, exhaustive, what) in MUTANTS.items():
+        if args.quick and not exhaustive:
+            continue
+        r = run_spin(defines + (f"MUTANT_{name}",), exhaustive, args.timeout)
+        caught = r.errors > 0
+        ok = ok and caught
+        print(f"  {'CAUGHT' if caught else 'MISSED'}  {name:22} {what}\n"
+              f"          -> {r.detail or 'no error found'} ({r.states:,.0f} states, "
+              f"{r.seconds:.1f} s)")
+    print("all properties hold and every mutant is caught" if ok else "VERIFICATION FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

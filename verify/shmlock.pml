@@ -1,0 +1,611 @@
+/*
+ * shmlock.pml - the pyshmlock protocol as csrc/shmlock.c implements it, for SPIN.
+ *
+ * Each atomic operation of the C code is one step here (an `atomic` block
+ * holds exactly one shared-memory operation plus ghost bookkeeping), and is
+ * tagged with the same "model:" marker as the operation it mirrors in
+ * shmlock.c.  `make verify` prints the C line of every marker, and a test
+ * checks that the two files carry the same set of markers.
+ *
+ * NP processes each run OPS operations chosen at random (read, write,
+ * update, pause-then-resume).  A reaper may SIGKILL one process between any
+ * two steps (MAXDEATHS); an operator then resumes the lock, because a dead
+ * pauser's pause stays set by design.  With -DTIMEOUTS a sleeping waiter may
+ * also time out and withdraw its attempt (shl_cancel).
+ *
+ * Interleaving semantics = sequential consistency: the model checks the
+ * protocol under the seq_cst operations the C code uses for every handshake;
+ * it says nothing about weaker orderings (see docs/DESIGN.md).
+ *
+ * Mutants (-DMUTANT_...) inject one protocol bug each; tests/test_verify.py
+ * checks that SPIN finds every one of them.
+ */
+
+#ifndef NP
+#define NP 3
+#endif
+#ifndef OPS
+#define OPS 2
+#endif
+#ifndef MAXDEATHS
+#define MAXDEATHS 1
+#endif
+
+/* The state word, bit for bit as in shmlock.c, with a 2-bit epoch. */
+#define OWNER_MASK 3
+#define UPDATE     4
+#define GRANTED    8
+#define PAUSED     16
+#define SLEEPERS   32
+#define DRAINERS   64
+#define EPOCH_ONE  128
+#define EPOCH_MASK 384
+#define EPOCH(s)   (((s) & EPOCH_MASK) / EPOCH_ONE)
+#define OWNER(s)   ((s) & OWNER_MASK)
+#define CLAIM_BITS (OWNER_MASK | UPDATE | GRANTED)
+
+/* Read admission's gate (try_read): open if not paused and nobody claims. */
+#ifndef MUTANT_READ_IGNORES_PAUSE
+#define GATE_OPEN(s) (!((s) & PAUSED) && OWNER(s) == 0)
+#else
+#define GATE_OPEN(s) (OWNER(s) == 0)
+#endif
+
+#define KIND_NONE   0
+#define KIND_READ   1
+#define KIND_WRITE  2
+#define KIND_UPDATE 3
+
+int  st;                    /* the state word */
+byte drain_seq;             /* the drain counter, mod 4 (every bump also wakes) */
+byte readers[NP];           /* slot.readers */
+byte rwait[2 * NP];         /* slot.rwait[parity] at [2 * slot + parity] */
+
+/* Futexes: who sleeps on which word.  FUTEX_WAIT's "value still equal"
+ * check and the going to sleep are one atomic step.  Index NP is the
+ * operator, which waits like a user but owns no slot. */
+#define NW (NP + 1)
+bool asleep[NW];
+bool on_drain[NW];          /* asleep on drain_seq (else on the state word) */
+byte watching[NW];          /* bit q: asleep also on slot q's robust mutex word */
+bool death_woken[NW];
+bool finished[NP];
+
+/* Liveness as the robust mutexes report it. */
+bool alive[NP];
+bool owner_died[NP];        /* mutex is OWNER_DIED: a prober will get EOWNERDEAD */
+bool reclaiming[NP];        /* a prober holds the dead slot's mutex */
+byte deaths;
+
+/* Ghost state for the properties. */
+byte g_hold[NP];            /* KIND_* this process holds (counts until reclaimed) */
+byte g_phases[NP];          /* exclusive phases ended while this reader waited */
+bool g_waiting_read[NP];
+bool g_pause_seen[NP];      /* a pause happened while this reader waited */
+byte g_claim_admits[NP];    /* reads admitted while this process's claim drained */
+
+#define IS_WATCHER(q, p) (asleep[q] && (watching[q] & (1 << (p))))
+
+inline wake_state() {
+    /* FUTEX_WAKE(INT_MAX) on the state word; callers make it a step */
+    for (i : 0 .. NW - 1) { if :: asleep[i] && !on_drain[i] -> asleep[i] = 0 :: else fi }
+    i = 0
+}
+
+inline wake_drain() {
+    for (i : 0 .. NW - 1) { if :: asleep[i] && on_drain[i] -> asleep[i] = 0 :: else fi }
+    i = 0
+}
+
+/* [model:WAKE_DRAINERS] CAS DRAINERS off; then bump drain_seq; then
+ * FUTEX_WAKE: three steps, as in C (a death may fall between them). */
+inline wake_drainers() {
+    atomic {
+        if
+        :: (st & DRAINERS) -> st = st & ~DRAINERS; cleared = 1
+        :: else -> cleared = 0
+        fi
+    }
+#ifndef MUTANT_NO_DRAIN_WAKE
+    if
+    :: cleared -> atomic { drain_seq = (drain_seq + 1) % 4 }; atomic { wake_drain() }
+    :: else
+    fi;
+#endif
+    cleared = 0
+}
+
+/* ------------------------------------------------------------ recovery */
+
+/* Exclusive phases end: count them for the readers that wait. */
+inline phase_ended() {
+    for (i : 0 .. NP - 1) {
+        if :: g_waiting_read[i] -> g_phases[i]++ :: else fi
+    }
+    i = 0
+}
+
+/* [model:PROBE] trylock slot p: EOWNERDEAD makes us its reclaimer. */
+inline probe(p) {
+    atomic {
+        if
+        :: owner_died[p] && !reclaiming[p] -> reclaiming[p] = 1; got = 1
+        :: else -> got = 0
+        fi
+    }
+    if
+    :: got ->
+        /* [model:RECOVER_READS] */
+        atomic { rtmp = readers[p]; readers[p] = 0; if :: g_hold[p] == KIND_READ -> g_hold[p] = KIND_NONE :: else fi }
+        /* [model:RECOVER_OWED] */
+        atomic { rtmp = rtmp + rwait[2 * p] + rwait[2 * p + 1]; rwait[2 * p] = 0; rwait[2 * p + 1] = 0 }
+        /* [model:RECOVER_CLAIM] */
+        atomic {
+            if
+            :: OWNER(st) == p + 1 ->
+#ifndef MUTANT_RECOVERY_KEEPS_CLAIM
+                st = st & ~(CLAIM_BITS | SLEEPERS);
+                if :: g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE -> g_hold[p] = KIND_NONE; phase_ended() :: else fi
+#else
+                skip
+#endif
+            :: else
+            fi
+        }
+        /* [model:RECOVER_WAKE] wake everyone on both words, bits or not */
+        atomic { st = st & ~(SLEEPERS | DRAINERS) };
+        atomic { drain_seq = (drain_seq + 1) % 4 };
+        atomic { wake_state() };
+        atomic { wake_drain() };
+        atomic { owner_died[p] = 0; reclaiming[p] = 0 }   /* consistent + unlock */
+    :: else
+    fi;
+    got = 0
+}
+
+inline probe_watched() {
+    for (k : 0 .. NP - 1) {
+        if :: (watched & (1 << k)) -> probe(k) :: else fi
+    }
+    k = 0
+}
+
+/* ------------------------------------------------------------- waiting */
+
+/* [model:DEATH_WATCH] watch every other process's robust mutex word
+ * (collect_watch_set); `gone` if one already died: probe, do not sleep. */
+inline watch_all_others() {
+    d_step {   /* a read-only scan; the set is an over-approximation anyway */
+        watched = 0; gone = 0;
+        for (k : 0 .. NP - 1) {
+            if
+            :: k != me -> watched = watched | (1 << k);
+                          if :: owner_died[k] -> gone = 1 :: else fi
+            :: else
+            fi
+        }
+        k = 0
+    }
+}
+
+/* futex_waitv compares every word of its vector, the watched mutex words
+ * too, in the same atomic step: a watched process that died since arming
+ * makes the wait return at once. */
+inline watched_died() {
+    gone = 0;
+    for (k : 0 .. NP - 1) {
+        if :: (watched & (1 << k)) && owner_died[k] -> gone = 1 :: else fi
+    }
+    k = 0
+}
+
+/* shl_wait on the state word with the value `expect`, watching `wslot`
+ * (slot + 1, 0 none).  Sets `changed` if the word moved first. */
+inline wait_state(expect) {
+    changed = 0;
+    /* [model:WAIT_ARM_SLEEPERS] equal but for the sleeper bits: arm */
+    atomic {
+        if
+        :: ((st ^ expect) & ~(SLEEPERS | DRAINERS)) == 0 ->
+#ifndef MUTANT_NO_SLEEPER_BIT
+            st = st | SLEEPERS;
+#endif
+            armed = st
+        :: else -> changed = 1
+        fi
+    }
+    watch_all_others();
+    if
+    :: !changed && gone -> changed = 1; probe_watched()
+    :: else
+    fi;
+    if
+    :: !changed ->
+        /* [model:FUTEX_WAIT] sleep while the word holds our value */
+        atomic {
+            watched_died();
+            if
+            :: !gone && st == armed -> asleep[me] = 1; on_drain[me] = 0; watching[me] = watched
+            :: else -> changed = 1
+            fi
+        }
+        if
+        :: !changed -> sleep_until_woken()
+        :: else
+        fi
+    :: else
+    fi
+}
+
+/* shl_wait on drain_seq with the value `seq`, watching every other slot
+ * that holds or owes a read. */
+inline wait_drain(seq) {
+    changed = 0;
+    watch_all_others();
+    if
+    :: gone -> changed = 1; probe_watched()
+    :: else ->
+        atomic {   /* [model:FUTEX_WAIT] */
+            watched_died();
+            if
+            :: !gone && drain_seq == seq -> asleep[me] = 1; on_drain[me] = 1; watching[me] = watched
+            :: else -> changed = 1
+            fi
+        }
+        if :: !changed -> sleep_until_woken() :: else fi
+    fi
+}
+
+inline sleep_until_woken() {
+    if
+    :: atomic { !asleep[me] -> watching[me] = 0 }
+#ifdef TIMEOUTS
+    :: atomic { asleep[me] -> asleep[me] = 0; watching[me] = 0; timed_out = 1 }
+#endif
+    fi;
+    if
+    :: death_woken[me] -> death_woken[me] = 0; probe_watched()
+    :: else
+    fi
+}
+
+/* ---------------------------------------------------------- the attempts */
+
+inline acquire_read() {
+    registered = 0; timed_out = 0;
+    g_waiting_read[me] = 0; g_phases[me] = 0; g_pause_seen[me] = 0;
+    do
+    :: /* [model:READ_ANNOUNCE] */
+       atomic { readers[me]++ }
+       /* [model:READ_LOOK] the admission decision, with the checks of every
+        * property that must hold at that instant */
+       atomic {
+           s = st;
+           if
+           :: GATE_OPEN(s) ||
+              (!(s & (PAUSED | GRANTED)) && registered && EPOCH(s) != my_epoch) ->
+               admitted = 1;
+               assert(!(st & PAUSED));                      /* no read while paused */
+               for (i : 0 .. NP - 1) {                      /* no read beside an exclusive hold */
+                   assert(g_hold[i] != KIND_WRITE && g_hold[i] != KIND_UPDATE)
+               }
+               i = 0;
+               assert(g_pause_seen[me] || g_phases[me] <= 2);  /* phase-fair bound */
+               if :: OWNER(s) > 0 -> g_claim_admits[OWNER(s) - 1]++;
+                                     assert(g_claim_admits[OWNER(s) - 1] < NP)
+                  :: else fi;
+               g_hold[me] = KIND_READ; g_waiting_read[me] = 0
+           :: else -> admitted = 0
+           fi
+       }
+       if
+       :: admitted ->
+           if
+           :: registered ->   /* [model:READ_ADMIT_OWED] */
+               atomic { rwait[2 * me + my_epoch % 2]-- }; registered = 0; wake_drainers()
+           :: else
+           fi;
+           break
+       :: else
+       fi;
+       /* [model:READ_BACKOUT] */
+       atomic { readers[me]--; was_last = (readers[me] == 0) }
+       if :: was_last -> wake_drainers() :: else fi;
+       if
+       :: OWNER(s) > 0 && !registered ->   /* [model:READ_REGISTER] */
+           my_epoch = EPOCH(s);
+           /* queued from here on: the phase-fair bound counts from this step */
+           atomic { rwait[2 * me + my_epoch % 2]++; g_waiting_read[me] = 1; g_phases[me] = 0;
+                    g_pause_seen[me] = 0 };
+           registered = 1
+       :: OWNER(s) > 0 && registered && (s & GRANTED) && EPOCH(s) != my_epoch ->
+           /* [model:READ_REQUEUE] */
+           old_epoch = my_epoch; my_epoch = EPOCH(s);
+           atomic { rwait[2 * me + my_epoch % 2]++ };
+           atomic { rwait[2 * me + old_epoch % 2]-- };
+           wake_drainers()
+       :: else
+       fi;
+       wait_state(s);
+       if
+       :: timed_out ->   /* shl_cancel */
+           if
+           :: registered ->   /* [model:CANCEL_REGISTERED] */
+               atomic { rwait[2 * me + my_epoch % 2]-- }; registered = 0; wake_drainers()
+           :: else
+           fi;
+           g_waiting_read[me] = 0;
+           break
+       :: else
+       fi
+    od
+}
+
+inline release_read() {
+    /* [model:RELEASE_READ] */
+    atomic { readers[me]--; was_last = (readers[me] == 0); g_hold[me] = KIND_NONE }
+    if :: was_last -> wake_drainers() :: else fi
+}
+
+/* try_exclusive + drain_for_exclusive + the blocking loop; kind WRITE/UPDATE */
+inline acquire_excl(kind) {
+    claimed = 0; timed_out = 0; granted_now = 0;
+    do
+    :: !claimed ->
+        atomic {   /* [model:EXCL_CLAIM] load + CAS, retried: one step when it succeeds */
+            s = st;
+            if
+            :: OWNER(s) == 0 ->
+                st = ((s & ~SLEEPERS) + EPOCH_ONE) & (EPOCH_MASK | PAUSED | DRAINERS | UPDATE | GRANTED | OWNER_MASK);
+                st = (st & ~(UPDATE | GRANTED | OWNER_MASK)) | (me + 1);
+                if :: kind == KIND_UPDATE -> st = st | UPDATE;
+                      if :: (s & PAUSED) -> st = st | GRANTED :: else fi
+                   :: else fi;
+                claimed = 1; claim_epoch = EPOCH(st); g_claim_admits[me] = 0;
+                if :: (st & GRANTED) -> granted_now = 1 :: else fi
+            :: else -> claimed = 0
+            fi
+        }
+        if :: claimed && (s & SLEEPERS) -> atomic { wake_state() } :: else fi;
+        if
+        :: claimed && granted_now -> break
+        :: claimed && !granted_now -> skip
+        :: else ->
+            wait_state(s);
+            if :: timed_out -> break :: else fi
+        fi
+    :: claimed ->
+        /* [model:DRAIN_SEQ] */
+        seq = drain_seq;
+        /* [model:DRAIN_ARM] */
+        atomic { st = st | DRAINERS; s = st };
+        assert(OWNER(s) == me + 1);          /* nobody clears a live claim */
+        if
+        :: !(s & GRANTED) ->
+            /* [model:DRAIN_OWED_SCAN] one load per slot */
+            owed = 0;
+            for (k : 0 .. NP - 1) {
+                atomic { owed = owed + rwait[2 * k + (claim_epoch + 1) % 2] }
+            }
+            k = 0;
+            if
+            :: !(s & PAUSED) && owed > 0 -> goto excl_wait
+            :: else
+            fi;
+#ifdef MUTANT_SCAN_BEFORE_GRANT
+            /* the bug: count readers first, then grant, and never look again */
+            nread = 0;
+            for (k : 0 .. NP - 1) { atomic { nread = nread + readers[k] } }
+            k = 0;
+            if
+            :: nread > 0 && !(kind == KIND_UPDATE && (s & PAUSED)) -> goto excl_wait
+            :: else
+            fi;
+#endif
+            /* [model:EXCL_GRANT] CAS on the value we decided on */
+            atomic {
+                if
+                :: st == s -> st = st | GRANTED; s = st; cas_ok = 1
+                :: else -> cas_ok = 0
+                fi
+            }
+            if :: !cas_ok -> goto excl_next :: else fi;
+#ifdef MUTANT_SCAN_BEFORE_GRANT
+            goto excl_granted;
+#endif
+            skip
+        :: else
+        fi;
+        /* [model:DRAIN_READER_SCAN] one load per slot */
+        nread = 0;
+        for (k : 0 .. NP - 1) {
+            atomic { nread = nread + readers[k] }
+        }
+        k = 0;
+        if
+        :: (kind == KIND_UPDATE && (s & PAUSED)) || nread == 0 -> goto excl_granted
+        :: else
+        fi;
+excl_wait:
+        wait_drain(seq);
+        if
+        :: timed_out ->   /* shl_cancel */
+            atomic {   /* [model:CANCEL_CLAIM] */
+                if
+                :: OWNER(st) == me + 1 -> cleared = (st & SLEEPERS) != 0;
+                                          st = st & ~(CLAIM_BITS | SLEEPERS)
+                :: else -> cleared = 0
+                fi
+            }
+            if :: cleared -> atomic { wake_state() } :: else fi;
+            cleared = 0;
+            claimed = 0;
+            break
+        :: else
+        fi;
+excl_next:
+        skip
+    od;
+    if
+    :: !timed_out ->
+excl_granted:
+        atomic {   /* the hold begins: check mutual exclusion */
+            for (i : 0 .. NP - 1) {
+                if
+                :: i != me -> assert(g_hold[i] != KIND_WRITE && g_hold[i] != KIND_UPDATE);
+                   if :: kind == KIND_WRITE -> assert(g_hold[i] != KIND_READ)
+                      :: else -> assert(g_hold[i] != KIND_READ || (st & PAUSED))
+                   fi
+                :: else
+                fi
+            }
+            i = 0;
+            g_hold[me] = kind; claimed = 0
+        }
+    :: else
+    fi
+}
+
+inline release_excl() {
+    /* [model:EXCL_RELEASE] */
+    atomic {
+        assert(OWNER(st) == me + 1 && (st & GRANTED));
+        cleared = (st & SLEEPERS) != 0;
+        st = st & ~(CLAIM_BITS | SLEEPERS);
+        g_hold[me] = KIND_NONE;
+        phase_ended()
+    }
+    if :: cleared -> atomic { wake_state() } :: else fi;
+    cleared = 0
+}
+
+inline pause() {
+    /* [model:PAUSE_SET] */
+    atomic {
+        st = st | PAUSED;
+        for (i : 0 .. NP - 1) { g_pause_seen[i] = 1 }
+        i = 0
+    }
+    wake_drainers()
+}
+
+inline resume() {
+    timed_out = 0;
+    do
+    :: atomic {   /* [model:RESUME_CLEAR] */
+           s = st;
+           if
+           :: !(s & PAUSED) -> cas_ok = 1
+#ifndef MUTANT_RESUME_IGNORES_UPDATE
+           :: (s & PAUSED) && (s & UPDATE) -> cas_ok = 0
+           :: (s & PAUSED) && !(s & UPDATE) ->
+#else
+           :: (s & PAUSED) ->
+#endif
+               for (i : 0 .. NP - 1) { assert(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
+               i = 0;
+               st = s & ~(PAUSED | SLEEPERS);
+               cas_ok = 1
+           fi
+       }
+       if
+       :: cas_ok && (s & PAUSED) && (s & SLEEPERS) -> atomic { wake_state() }; break
+       :: cas_ok && !((s & PAUSED) && (s & SLEEPERS)) -> break
+       :: else -> wait_state(s)
+       fi
+    od
+}
+
+/* ------------------------------------------------------------ processes */
+
+inline user_ops() {
+    n = 0;
+    do
+    :: n < OPS ->
+#ifdef KIND0
+        /* a fixed workload: process i runs KIND<i> (KIND_NONE: pause+resume) */
+        kind = (me == 0 -> KIND0 : (me == 1 -> KIND1 : KIND2));
+#else
+        if   /* pick the operation; each inline below has one call site */
+        :: kind = KIND_READ
+        :: kind = KIND_WRITE
+        :: kind = KIND_UPDATE
+        :: kind = KIND_NONE     /* pause, then resume */
+        fi;
+#endif
+        if
+        :: kind == KIND_READ ->
+            acquire_read(); if :: !timed_out -> release_read() :: else fi
+        :: kind == KIND_WRITE || kind == KIND_UPDATE ->
+            acquire_excl(kind); if :: !timed_out -> release_excl() :: else fi
+        :: kind == KIND_NONE -> pause(); resume()
+        fi;
+        atomic { n++; kind = 0; s = 0; seq = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0;
+                 old_epoch = 0; claim_epoch = 0; watched = 0; rtmp = 0; got = 0; timed_out = 0;
+                 gone = 0; changed = 0; admitted = 0; was_last = 0; cas_ok = 0 }
+    :: else -> break
+    od;
+    finished[me] = 1
+}
+
+proctype user(byte me) {
+    int s, armed;
+    byte i, k, got, rtmp, watched, seq, owed, nread, n, kind;
+    bool changed, timed_out, registered, admitted, was_last, claimed, granted_now, cas_ok;
+    bool cleared, gone;
+    byte my_epoch, old_epoch, claim_epoch;
+#if MAXDEATHS > 0
+    /* a death may strike before any step (unless) */
+    { user_ops() } unless { !alive[me] };
+#else
+    user_ops();
+#endif
+end_dead:
+    skip
+}
+
+/* SIGKILL at any moment; the kernel marks the dead process's robust mutex
+ * OWNER_DIED and wakes one waiter sleeping on it. */
+active proctype reaper() {
+    byte v, q;
+end_reaper:
+    if
+    :: deaths < MAXDEATHS ->
+        atomic {
+            select (v : 0 .. NP - 1);
+            if
+            :: alive[v] && !finished[v] ->
+                alive[v] = 0; owner_died[v] = 1; deaths++;
+                asleep[v] = 0;
+                q = 0;
+                do
+                :: q < NW && IS_WATCHER(q, v) -> asleep[q] = 0; death_woken[q] = 1; break
+                :: q < NW && !IS_WATCHER(q, v) -> q++
+                :: q >= NW -> break
+                od
+            :: else     /* that one cannot die any more: no kill in this run */
+            fi
+        }
+    :: skip
+    fi
+}
+
+/* Resuming after a dead process's pause is the operator's decision. */
+active proctype operator() {
+    int s;
+    byte i, k, got, rtmp, watched, me;
+    bool changed, timed_out, cas_ok, cleared, gone;
+    int armed;
+    me = NP;    /* not a slot of the lock: never equal to an owner */
+end_operator:
+    deaths > 0;
+    resume()
+}
+
+init {
+    byte p;
+    atomic {
+        for (p : 0 .. NP - 1) { alive[p] = 1 }
+        for (p : 0 .. NP - 1) { run user(p) }
+    }
+}
