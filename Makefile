@@ -11,18 +11,19 @@ test:
 warnings:
 	for c in csrc/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -c $$c -o /dev/null || exit 1; done
 
-# The whole test suite against a core built with AddressSanitizer + UBSan.
+# The whole test suite (or SANITIZE_TESTS="paths") against a core built with
+# AddressSanitizer + UBSan.
 # The package is copied to build/sanitize so the instrumented build never
 # shadows the installed one.
 sanitize: warnings
-	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)/pyshmlock
-	cp pyshmlock/*.py pyshmlock/py.typed $(SAN_DIR)/pyshmlock/
+	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)
+	cp -r pyshmlock $(SAN_DIR)/ && rm -rf $(SAN_DIR)/pyshmlock/_shmlock.* $(SAN_DIR)/pyshmlock/__pycache__
 	PYSHMLOCK_SANITIZE=1 $(PYTHON) pyshmlock/_build.py $(SAN_DIR)
 	cd $(SAN_DIR) && \
 	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  PYTHONPATH=$$PWD $(PYTHON) -m pytest -q -p no:cacheprovider $(CURDIR)/tests
+	  PYTHONPATH=$$PWD $(PYTHON) -m pytest -q -p no:cacheprovider $(if $(SANITIZE_TESTS),$(SANITIZE_TESTS),$(CURDIR)/tests)
 
 # Model-check the protocol with SPIN (apt-get install spin): every
 # configuration and every mutant; prints which C line each model step mirrors.

@@ -86,20 +86,23 @@ class Outcome(NamedTuple):
 
 def run_spin(defines: Tuple[str, ...], exhaustive: bool, timeout: float) -> Outcome:
     """One verification run in a scratch directory."""
+    # The verifier is a plain binary: never run it under a preloaded
+    # sanitizer (`make sanitize` preloads ASan for the Python process).
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     work = tempfile.mkdtemp(prefix="pyshmlock-spin-")
     try:
         shutil.copy(MODEL, work)
         dflags = [f"-D{d}" for d in defines]
         subprocess.run(["spin", "-a", *dflags, "shmlock.pml"], cwd=work, check=True,
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=env)
         cflags = ["-O2", "-DSAFETY", "-DMEMLIM=12000"]
         cflags += ["-DCOLLAPSE"] if exhaustive else ["-DBITSTATE"]
         subprocess.run(["gcc", *cflags, "-o", "pan", "pan.c"], cwd=work, check=True,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
         args = ["./pan", "-m4000000"] + ([] if exhaustive else ["-w32"])
         t0 = time.monotonic()
         p = subprocess.Popen(args, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
+                             text=True, env=env)
         try:
             out, _ = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
