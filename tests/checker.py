@@ -8,7 +8,6 @@ an mp.Array under one mp.Lock) records a violation whenever
   - a read hold is granted while a pause was in force for the whole attempt.
 Pause and resume go through pause()/resume() here, which keep a "pause
 confirmed" flag and a generation counter in step with the lock."""
-import multiprocessing as mp
 
 READERS, WRITERS, UPDATES, VIOLATIONS, PAUSE_CONFIRMED, GATE_GEN, GRANTS = range(7)
 

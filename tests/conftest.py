@@ -101,7 +101,7 @@ def children():
 
 def pytest_sessionfinish(session, exitstatus):
     """A run leaves nothing behind in /dev/shm."""
-    mine = [f for f in os.listdir(SHM_DIR) if f.startswith(f"pyshmlock.test-")
+    mine = [f for f in os.listdir(SHM_DIR) if f.startswith("pyshmlock.test-")
             and f"-{os.getpid()}-" in f]
     for f in mine:
         os.unlink(os.path.join(SHM_DIR, f))

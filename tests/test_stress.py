@@ -4,7 +4,6 @@ import time
 
 import pytest
 
-import pyshmlock
 from checker import Checker, random_worker
 from conftest import FORK
 

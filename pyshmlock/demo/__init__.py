@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 import uuid
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Tuple
 
 from ..lock import RWLock, unlink
 from .state import CTX, engine_lock_name, new_state
