@@ -1,0 +1,27 @@
+"""The README stays a document a person can read, and its set-up commands are
+the ones CI and the package really use."""
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return f.read()
+
+
+def test_readme_is_sane():
+    text = read("README.md")
+    assert len(text) < 64 * 1024, "README.md grew past 64 KiB: a broken edit?"
+    headings = re.findall(r"^## .+$", text, re.M)
+    assert len(headings) == len(set(headings)) >= 6, headings
+
+
+def test_readme_commands_are_the_real_ones():
+    readme = read("README.md")
+    ci = read(".ci/run").splitlines()
+    test_cmd = ci[ci.index("# --- the README's test command, verbatim ---") + 1]
+    assert test_cmd in readme
+    assert "pip install '.[demo]' && pyshmlock demo" in readme
+    assert 'pyshmlock = "pyshmlock.cli:main"' in read("pyproject.toml")
