@@ -17,6 +17,7 @@ How a coroutine waits:
    cancelled writer was blocking get in at once.
 """
 import asyncio
+import os
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -116,6 +117,17 @@ class _Helper:
 
 _helpers: Dict[Tuple[int, int], _Helper] = {}
 _helpers_lock = threading.Lock()
+
+
+def _reset_in_child() -> None:
+    # After fork() no helper thread runs in the child, its parked futures
+    # belong to the parent's loops, and a lock may have been held: start over.
+    global _helpers_lock
+    _helpers_lock = threading.Lock()
+    _helpers.clear()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _helper_for(lock: RWLock) -> _Helper:

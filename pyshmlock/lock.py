@@ -90,6 +90,17 @@ _registry: Dict[Tuple[int, int], _Attachment] = {}
 _registry_lock = threading.Lock()
 
 
+def _fresh_lock_in_child() -> None:
+    # Another thread may have held the lock at fork(): the child would hang
+    # on it forever.  The attachments stay: the C core gives the child slots
+    # of its own on first use.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def _segment_key(name: str) -> Optional[Tuple[int, int]]:
     try:
         st = os.stat(os.path.join(SHM_DIR, SHM_PREFIX + name))

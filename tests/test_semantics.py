@@ -453,3 +453,18 @@ def test_context_managers(lock, lock_name, children):
 def pyshmlock_queue():
     from conftest import FORK
     return FORK.Queue()
+
+
+def open_in_child(q, name):
+    lk = pyshmlock.RWLock(name)
+    q.put(lk.acquire_read(1))
+    lk.release_read()
+    lk.close()
+
+
+def test_fork_while_another_thread_holds_the_registry_lock(lock, lock_name, children):
+    # The child must not inherit the lock locked: it gets a fresh one.
+    from pyshmlock import lock as lock_module
+    with lock_module._registry_lock:
+        c = children(open_in_child, lock_name)
+    assert c.get(timeout=10) is True
