@@ -241,6 +241,13 @@ class WorkerCore:
         await self._tell_scheduler("continue")
         return {"running": True}
 
+    async def _swap(self, seconds: float, t0: float, under_pause: bool) -> Dict[str, Any]:
+        """Run the simulated swap; the reply says when it ran (CLOCK_MONOTONIC)."""
+        started = time.monotonic()
+        version = await asyncio.to_thread(swap_weights, self.state, seconds)
+        return {"version": version, "waited_s": started - t0, "under_pause": under_pause,
+                "started_at": started, "ended_at": time.monotonic()}
+
     async def update_weights(self, seconds: float) -> Dict[str, Any]:
         t0 = time.monotonic()
         if self.backend == "shared":
@@ -249,26 +256,15 @@ class WorkerCore:
                 under_pause = self.alock.paused
                 if under_pause:
                     await asyncio.to_thread(quiesce, self.engine)
-                started = time.monotonic()
-                version = await asyncio.to_thread(swap_weights, self.state, seconds)
-                ended = time.monotonic()
-            return {"version": version, "waited_s": started - t0, "under_pause": under_pause,
-                    "started_at": started, "ended_at": ended}
+                return await self._swap(seconds, t0, under_pause)
         # SGLang today: one look at is_pause, then skip or take the writer lock.
         async with self.is_pause_cond:
             is_paused = self.is_pause
             if is_paused:
-                started = time.monotonic()
-                version = await asyncio.to_thread(swap_weights, self.state, seconds)
-                ended = time.monotonic()
-        if not is_paused:
-            async with _Section(self.model_update_lock.acquire_writer,
-                                self.model_update_lock.release_writer):
-                started = time.monotonic()
-                version = await asyncio.to_thread(swap_weights, self.state, seconds)
-                ended = time.monotonic()
-        return {"version": version, "waited_s": started - t0, "under_pause": is_paused,
-                "started_at": started, "ended_at": ended}
+                return await self._swap(seconds, t0, True)
+        async with _Section(self.model_update_lock.acquire_writer,
+                            self.model_update_lock.release_writer):
+            return await self._swap(seconds, t0, False)
 
     def health(self) -> Dict[str, Any]:
         paused = self.alock.paused if self.alock is not None else self.is_pause
