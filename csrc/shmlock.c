@@ -559,6 +559,18 @@ static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
                (unsigned long)pthread_self();
 }
 
+/* Take back this waiter's owed-reader registrations (one per parity it
+ * registered under), then wake the drainers that may wait for them. */
+static void withdraw_owed(shl_lock *h, shl_waiter *w)
+{
+    struct shl_slot *me = &h->slots[h->self];
+    for (uint32_t p = 0; p < 2; p++)
+        if (w->registered & (1u << p))
+            atomic_fetch_sub_explicit(&me->rwait[p], 1, memory_order_seq_cst);
+    w->registered = 0;
+    wake_drainers(h);
+}
+
 static void wait_on_state(shl_waiter *w, uint32_t s)
 {
     w->on_drain = 0;
@@ -589,27 +601,27 @@ static int try_read(shl_lock *h, shl_waiter *w)
         /* [model:READ_REGISTER] queue as owed behind the phase of epoch s */
         w->my_epoch = ST_EPOCH(s);
         atomic_fetch_add_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
-        w->registered = 1;
-    } else if (o >= 0 && (s & ST_GRANTED) && ST_EPOCH(s) != w->my_epoch) {
+        w->registered = 1u << (w->my_epoch & 1);
+    } else if (o >= 0 && (s & ST_GRANTED) && !(w->registered & (1u << (ST_EPOCH(s) & 1)))) {
         /* [model:READ_REQUEUE] A later claim was granted before we got in
-         * (we registered after its claimant counted the owed readers).  Move
-         * our registration to that claim's epoch, so the claim after it
-         * waits for us: a reader waits through at most two phases. */
-        uint32_t old = w->my_epoch;
+         * (we registered after its claimant counted the owed readers).  Also
+         * register under that claim's epoch, so that the claim after it
+         * waits for us: then we wait through that one phase only.
+         * Add, never move: s may be stale, and the next claim may already
+         * have counted the parity we registered first.  Taking that
+         * registration away would let the claim after it pass us too, a
+         * third phase (the model check found exactly that).  Registrations
+         * only ever added keep the bound at two phases. */
         w->my_epoch = ST_EPOCH(s);
         atomic_fetch_add_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
-        atomic_fetch_sub_explicit(&me->rwait[old & 1], 1, memory_order_seq_cst);
-        wake_drainers(h);
+        w->registered |= 1u << (w->my_epoch & 1);
     }
     wait_on_state(w, s);
     return SHL_AGAIN;
 
 granted:
-    if (w->registered) {   /* [model:READ_ADMIT_OWED] */
-        atomic_fetch_sub_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
-        w->registered = 0;
-        wake_drainers(h);
-    }
+    if (w->registered)   /* [model:READ_ADMIT_OWED] */
+        withdraw_owed(h, w);
     atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
     return SHL_OK;
 }
@@ -779,12 +791,8 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
     if (h == NULL || h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
-    if (w->registered) {   /* [model:CANCEL_REGISTERED] */
-        atomic_fetch_sub_explicit(&h->slots[h->self].rwait[w->my_epoch & 1], 1,
-                                  memory_order_seq_cst);
-        w->registered = 0;
-        wake_drainers(h);
-    }
+    if (w->registered)   /* [model:CANCEL_REGISTERED] */
+        withdraw_owed(h, w);
     if (w->claimed) {
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
         while (owner_of(s) == (uint32_t)h->self + 1) {   /* [model:CANCEL_CLAIM] */

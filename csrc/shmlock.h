@@ -52,10 +52,10 @@ typedef struct shl_lock shl_lock;   /* one process's attachment; opaque */
  */
 typedef struct shl_waiter {
     int32_t kind;
-    int32_t registered;    /* READ: counted in slot->rwait[my_epoch & 1] */
+    int32_t registered;    /* READ: bit p set = counted in slot->rwait[p] */
     int32_t claimed;       /* WRITE/UPDATE: our slot is the exclusive owner in the state word */
     int32_t on_drain;      /* what shl_wait sleeps on: 0 state word, 1 drain_seq */
-    uint32_t my_epoch;     /* READ: epoch of the exclusive phase we queued behind */
+    uint32_t my_epoch;     /* READ: epoch of the latest exclusive phase we queued behind */
     uint32_t claim_epoch;  /* WRITE/UPDATE: epoch our claim created */
     uint32_t expect;       /* futex value shl_wait compares against */
     int32_t shared_thread; /* set by the caller for asyncio: other tasks of this

@@ -57,7 +57,15 @@
 #define KIND_UPDATE 3
 
 int  st;                    /* the state word */
-byte drain_seq;             /* the drain counter, mod 4 (every bump also wakes) */
+/* The drain counter.  In C it is 32 bits, and a process only ever compares
+ * it with a value it loaded itself (load at DRAIN_SEQ, FUTEX_WAIT while
+ * still equal).  So the model keeps, per process, only whether the counter
+ * still equals the value that process loaded: a bump clears every flag.
+ * That is exactly a counter that never wraps, and it keeps counter values
+ * out of the stored states.  (A first model counted mod 4, and SPIN found a
+ * false wrap-around: 4 bumps in one window, with 3 processes and a death.
+ * C would need 2^32 bumps in one window.) */
+bool seq_same[NP];
 byte readers[NP];           /* slot.readers */
 byte rwait[2 * NP];         /* slot.rwait[parity] at [2 * slot + parity] */
 
@@ -70,6 +78,7 @@ bool on_drain[NW];          /* asleep on drain_seq (else on the state word) */
 byte watching[NW];          /* bit q: asleep also on slot q's robust mutex word */
 bool death_woken[NW];
 bool finished[NP];
+chan sigkill = [0] of { byte };   /* the reaper's SIGKILL, a rendezvous */
 
 /* Liveness as the robust mutexes report it. */
 bool alive[NP];
@@ -81,19 +90,26 @@ byte deaths;
 byte g_hold[NP];            /* KIND_* this process holds (counts until reclaimed) */
 byte g_phases[NP];          /* exclusive phases ended while this reader waited */
 bool g_waiting_read[NP];
-bool g_pause_seen[NP];      /* a pause happened while this reader waited */
+bool g_pause_seen[NP];
+bool g_pausing[NW];         /* paused and not yet resumed (NW: the operator too) */
+bool g_stuck_pause;         /* a process died between its pause and its resume */      /* a pause happened while this reader waited */
 byte g_claim_admits[NP];    /* reads admitted while this process's claim drained */
 
 #define IS_WATCHER(q, p) (asleep[q] && (watching[q] & (1 << (p))))
 
+inline bump_drain_seq() {
+    for (i : 0 .. NP - 1) { seq_same[i] = 0 }
+    i = 0
+}
+
 inline wake_state() {
     /* FUTEX_WAKE(INT_MAX) on the state word; callers make it a step */
-    for (i : 0 .. NW - 1) { if :: asleep[i] && !on_drain[i] -> asleep[i] = 0 :: else fi }
+    for (i : 0 .. NW - 1) { if :: asleep[i] && !on_drain[i] -> asleep[i] = 0; watching[i] = 0 :: else fi }
     i = 0
 }
 
 inline wake_drain() {
-    for (i : 0 .. NW - 1) { if :: asleep[i] && on_drain[i] -> asleep[i] = 0 :: else fi }
+    for (i : 0 .. NW - 1) { if :: asleep[i] && on_drain[i] -> asleep[i] = 0; on_drain[i] = 0; watching[i] = 0 :: else fi }
     i = 0
 }
 
@@ -108,7 +124,7 @@ inline wake_drainers() {
     }
 #ifndef MUTANT_NO_DRAIN_WAKE
     if
-    :: cleared -> atomic { drain_seq = (drain_seq + 1) % 4 }; atomic { wake_drain() }
+    :: cleared -> atomic { bump_drain_seq() }; atomic { wake_drain() }
     :: else
     fi;
 #endif
@@ -120,7 +136,7 @@ inline wake_drainers() {
 /* Exclusive phases end: count them for the readers that wait. */
 inline phase_ended() {
     for (i : 0 .. NP - 1) {
-        if :: g_waiting_read[i] -> g_phases[i]++ :: else fi
+        if :: g_waiting_read[i] && g_phases[i] < 3 -> g_phases[i]++ :: else fi   /* 3 = "more than 2" */
     }
     i = 0
 }
@@ -136,15 +152,15 @@ inline probe(p) {
     if
     :: got ->
         /* [model:RECOVER_READS] */
-        atomic { rtmp = readers[p]; readers[p] = 0; if :: g_hold[p] == KIND_READ -> g_hold[p] = KIND_NONE :: else fi }
+        atomic { readers[p] = 0; if :: g_hold[p] == KIND_READ -> g_hold[p] = KIND_NONE :: else fi }
         /* [model:RECOVER_OWED] */
-        atomic { rtmp = rtmp + rwait[2 * p] + rwait[2 * p + 1]; rwait[2 * p] = 0; rwait[2 * p + 1] = 0 }
+        atomic { rwait[2 * p] = 0; rwait[2 * p + 1] = 0 }
         /* [model:RECOVER_CLAIM] */
         atomic {
             if
             :: OWNER(st) == p + 1 ->
 #ifndef MUTANT_RECOVERY_KEEPS_CLAIM
-                st = st & ~(CLAIM_BITS | SLEEPERS);
+                st = st & ~(CLAIM_BITS | SLEEPERS); g_claim_admits[p] = 0;
                 if :: g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE -> g_hold[p] = KIND_NONE; phase_ended() :: else fi
 #else
                 skip
@@ -153,10 +169,12 @@ inline probe(p) {
             fi
         }
         /* [model:RECOVER_WAKE] wake everyone on both words, bits or not */
+#ifndef MUTANT_RECLAIM_NO_WAKE
         atomic { st = st & ~(SLEEPERS | DRAINERS) };
-        atomic { drain_seq = (drain_seq + 1) % 4 };
+        atomic { bump_drain_seq() };
         atomic { wake_state() };
         atomic { wake_drain() };
+#endif
         atomic { owner_died[p] = 0; reclaiming[p] = 0 }   /* consistent + unlock */
     :: else
     fi;
@@ -186,6 +204,13 @@ inline watch_all_others() {
         }
         k = 0
     }
+}
+
+/* After a wait, its locals and the value waited on are dead: every caller
+ * loads the word afresh.  Resetting them keeps dead values from
+ * multiplying the states SPIN must store. */
+inline wait_done(value) {
+    d_step { armed = 0; watched = 0; gone = 0; changed = 0; value = 0 }
 }
 
 /* futex_waitv compares every word of its vector, the watched mutex words
@@ -227,19 +252,21 @@ inline wait_state(expect) {
             if
             :: !gone && st == armed -> asleep[me] = 1; on_drain[me] = 0; watching[me] = watched
             :: else -> changed = 1
-            fi
+            fi;
+            armed = 0
         }
         if
         :: !changed -> sleep_until_woken()
         :: else
         fi
     :: else
-    fi
+    fi;
+    wait_done(expect)
 }
 
-/* shl_wait on drain_seq with the value `seq`, watching every other slot
- * that holds or owes a read. */
-inline wait_drain(seq) {
+/* shl_wait on drain_seq with the value loaded at DRAIN_SEQ, watching every
+ * other slot that holds or owes a read. */
+inline wait_drain() {
     changed = 0;
     watch_all_others();
     if
@@ -248,19 +275,21 @@ inline wait_drain(seq) {
         atomic {   /* [model:FUTEX_WAIT] */
             watched_died();
             if
-            :: !gone && drain_seq == seq -> asleep[me] = 1; on_drain[me] = 1; watching[me] = watched
+            :: !gone && seq_same[me] -> asleep[me] = 1; on_drain[me] = 1; watching[me] = watched
             :: else -> changed = 1
-            fi
+            fi;
+            seq_same[me] = 0    /* compared: dead from here */
         }
         if :: !changed -> sleep_until_woken() :: else fi
-    fi
+    fi;
+    wait_done(s)
 }
 
 inline sleep_until_woken() {
     if
-    :: atomic { !asleep[me] -> watching[me] = 0 }
+    :: !asleep[me]   /* every waker also clears on_drain and watching */
 #ifdef TIMEOUTS
-    :: atomic { asleep[me] -> asleep[me] = 0; watching[me] = 0; timed_out = 1 }
+    :: atomic { asleep[me] -> asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; timed_out = 1 }
 #endif
     fi;
     if
@@ -270,6 +299,14 @@ inline sleep_until_woken() {
 }
 
 /* ---------------------------------------------------------- the attempts */
+
+/* withdraw_owed: one decrement per parity registered, then wake drainers */
+inline withdraw_owed() {
+    if :: registered & 1 -> atomic { rwait[2 * me]-- } :: else fi;
+    if :: registered & 2 -> atomic { rwait[2 * me + 1]-- } :: else fi;
+    registered = 0; my_epoch = 0;
+    wake_drainers()
+}
 
 inline acquire_read() {
     registered = 0; timed_out = 0;
@@ -283,7 +320,11 @@ inline acquire_read() {
            s = st;
            if
            :: GATE_OPEN(s) ||
+#ifndef MUTANT_DRAIN_ADMITS_ALL
               (!(s & (PAUSED | GRANTED)) && registered && EPOCH(s) != my_epoch) ->
+#else
+              !(s & (PAUSED | GRANTED)) ->     /* the bug: any reader enters a drain */
+#endif
                admitted = 1;
                assert(!(st & PAUSED));                      /* no read while paused */
                for (i : 0 .. NP - 1) {                      /* no read beside an exclusive hold */
@@ -300,9 +341,9 @@ inline acquire_read() {
        }
        if
        :: admitted ->
+           admitted = 0; s = 0;
            if
-           :: registered ->   /* [model:READ_ADMIT_OWED] */
-               atomic { rwait[2 * me + my_epoch % 2]-- }; registered = 0; wake_drainers()
+           :: registered -> withdraw_owed()   /* [model:READ_ADMIT_OWED] */
            :: else
            fi;
            break
@@ -310,28 +351,38 @@ inline acquire_read() {
        fi;
        /* [model:READ_BACKOUT] */
        atomic { readers[me]--; was_last = (readers[me] == 0) }
-       if :: was_last -> wake_drainers() :: else fi;
+       if :: was_last -> was_last = 0; wake_drainers() :: else fi;
        if
        :: OWNER(s) > 0 && !registered ->   /* [model:READ_REGISTER] */
            my_epoch = EPOCH(s);
            /* queued from here on: the phase-fair bound counts from this step */
            atomic { rwait[2 * me + my_epoch % 2]++; g_waiting_read[me] = 1; g_phases[me] = 0;
                     g_pause_seen[me] = 0 };
-           registered = 1
+           registered = 1 << (my_epoch % 2)
+#if !defined(MUTANT_NO_REQUEUE) && !defined(MUTANT_REQUEUE_MOVES)
+       :: OWNER(s) > 0 && registered && (s & GRANTED) && !(registered & (1 << (EPOCH(s) % 2))) ->
+           /* [model:READ_REQUEUE] also register under the granted claim's epoch */
+           my_epoch = EPOCH(s);
+           atomic { rwait[2 * me + my_epoch % 2]++ };
+           registered = registered | (1 << (my_epoch % 2))
+#endif
+#ifdef MUTANT_REQUEUE_MOVES
+       /* the bug the model found in the first requeue: move the registration
+        * (add the new one, take the old one away) */
        :: OWNER(s) > 0 && registered && (s & GRANTED) && EPOCH(s) != my_epoch ->
-           /* [model:READ_REQUEUE] */
            old_epoch = my_epoch; my_epoch = EPOCH(s);
            atomic { rwait[2 * me + my_epoch % 2]++ };
-           atomic { rwait[2 * me + old_epoch % 2]-- };
+           atomic { rwait[2 * me + old_epoch % 2]--; old_epoch = 0 };
+           registered = 1 << (my_epoch % 2);
            wake_drainers()
+#endif
        :: else
        fi;
        wait_state(s);
        if
        :: timed_out ->   /* shl_cancel */
            if
-           :: registered ->   /* [model:CANCEL_REGISTERED] */
-               atomic { rwait[2 * me + my_epoch % 2]-- }; registered = 0; wake_drainers()
+           :: registered -> withdraw_owed()   /* [model:CANCEL_REGISTERED] */
            :: else
            fi;
            g_waiting_read[me] = 0;
@@ -344,7 +395,7 @@ inline acquire_read() {
 inline release_read() {
     /* [model:RELEASE_READ] */
     atomic { readers[me]--; was_last = (readers[me] == 0); g_hold[me] = KIND_NONE }
-    if :: was_last -> wake_drainers() :: else fi
+    if :: was_last -> was_last = 0; wake_drainers() :: else fi
 }
 
 /* try_exclusive + drain_for_exclusive + the blocking loop; kind WRITE/UPDATE */
@@ -368,15 +419,15 @@ inline acquire_excl(kind) {
         }
         if :: claimed && (s & SLEEPERS) -> atomic { wake_state() } :: else fi;
         if
-        :: claimed && granted_now -> break
-        :: claimed && !granted_now -> skip
+        :: claimed && granted_now -> granted_now = 0; break
+        :: claimed && !granted_now -> s = 0
         :: else ->
             wait_state(s);
             if :: timed_out -> break :: else fi
         fi
     :: claimed ->
         /* [model:DRAIN_SEQ] */
-        seq = drain_seq;
+        seq_same[me] = 1;
         /* [model:DRAIN_ARM] */
         atomic { st = st | DRAINERS; s = st };
         assert(OWNER(s) == me + 1);          /* nobody clears a live claim */
@@ -389,8 +440,10 @@ inline acquire_excl(kind) {
             }
             k = 0;
             if
-            :: !(s & PAUSED) && owed > 0 -> goto excl_wait
-            :: else
+#ifndef MUTANT_NO_OWED_WAIT
+            :: !(s & PAUSED) && owed > 0 -> owed = 0; goto excl_wait
+#endif
+            :: else -> owed = 0
             fi;
 #ifdef MUTANT_SCAN_BEFORE_GRANT
             /* the bug: count readers first, then grant, and never look again */
@@ -409,7 +462,7 @@ inline acquire_excl(kind) {
                 :: else -> cas_ok = 0
                 fi
             }
-            if :: !cas_ok -> goto excl_next :: else fi;
+            if :: !cas_ok -> goto excl_next :: else -> cas_ok = 0 fi;
 #ifdef MUTANT_SCAN_BEFORE_GRANT
             goto excl_granted;
 #endif
@@ -423,11 +476,11 @@ inline acquire_excl(kind) {
         }
         k = 0;
         if
-        :: (kind == KIND_UPDATE && (s & PAUSED)) || nread == 0 -> goto excl_granted
-        :: else
+        :: (kind == KIND_UPDATE && (s & PAUSED)) || nread == 0 -> nread = 0; goto excl_granted
+        :: else -> nread = 0
         fi;
 excl_wait:
-        wait_drain(seq);
+        wait_drain();
         if
         :: timed_out ->   /* shl_cancel */
             atomic {   /* [model:CANCEL_CLAIM] */
@@ -439,7 +492,7 @@ excl_wait:
             }
             if :: cleared -> atomic { wake_state() } :: else fi;
             cleared = 0;
-            claimed = 0;
+            claimed = 0; claim_epoch = 0; g_claim_admits[me] = 0;
             break
         :: else
         fi;
@@ -460,7 +513,7 @@ excl_granted:
                 fi
             }
             i = 0;
-            g_hold[me] = kind; claimed = 0
+            g_hold[me] = kind; claimed = 0; claim_epoch = 0; s = 0; seq_same[me] = 0
         }
     :: else
     fi
@@ -472,7 +525,7 @@ inline release_excl() {
         assert(OWNER(st) == me + 1 && (st & GRANTED));
         cleared = (st & SLEEPERS) != 0;
         st = st & ~(CLAIM_BITS | SLEEPERS);
-        g_hold[me] = KIND_NONE;
+        g_hold[me] = KIND_NONE; g_claim_admits[me] = 0;
         phase_ended()
     }
     if :: cleared -> atomic { wake_state() } :: else fi;
@@ -482,8 +535,8 @@ inline release_excl() {
 inline pause() {
     /* [model:PAUSE_SET] */
     atomic {
-        st = st | PAUSED;
-        for (i : 0 .. NP - 1) { g_pause_seen[i] = 1 }
+        st = st | PAUSED; g_pausing[me] = 1;
+        for (i : 0 .. NP - 1) { if :: g_waiting_read[i] -> g_pause_seen[i] = 1 :: else fi }
         i = 0
     }
     wake_drainers()
@@ -495,7 +548,7 @@ inline resume() {
     :: atomic {   /* [model:RESUME_CLEAR] */
            s = st;
            if
-           :: !(s & PAUSED) -> cas_ok = 1
+           :: !(s & PAUSED) -> cas_ok = 1; g_pausing[me] = 0
 #ifndef MUTANT_RESUME_IGNORES_UPDATE
            :: (s & PAUSED) && (s & UPDATE) -> cas_ok = 0
            :: (s & PAUSED) && !(s & UPDATE) ->
@@ -505,18 +558,23 @@ inline resume() {
                for (i : 0 .. NP - 1) { assert(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
                i = 0;
                st = s & ~(PAUSED | SLEEPERS);
-               cas_ok = 1
+               cas_ok = 1; g_pausing[me] = 0
            fi
        }
        if
-       :: cas_ok && (s & PAUSED) && (s & SLEEPERS) -> atomic { wake_state() }; break
-       :: cas_ok && !((s & PAUSED) && (s & SLEEPERS)) -> break
+       :: cas_ok && (s & PAUSED) && (s & SLEEPERS) -> atomic { wake_state(); s = 0; cas_ok = 0 }; break
+       :: cas_ok && !((s & PAUSED) && (s & SLEEPERS)) -> s = 0; cas_ok = 0; break
        :: else -> wait_state(s)
        fi
     od
 }
 
 /* ------------------------------------------------------------ processes */
+
+#define RESET_LOCALS \
+    kind = 0; s = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0; old_epoch = 0; \
+    claim_epoch = 0; watched = 0; got = 0; timed_out = 0; gone = 0; changed = 0; admitted = 0; \
+    was_last = 0; cas_ok = 0; i = 0; k = 0
 
 inline user_ops() {
     n = 0;
@@ -540,65 +598,88 @@ inline user_ops() {
             acquire_excl(kind); if :: !timed_out -> release_excl() :: else fi
         :: kind == KIND_NONE -> pause(); resume()
         fi;
-        atomic { n++; kind = 0; s = 0; seq = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0;
-                 old_epoch = 0; claim_epoch = 0; watched = 0; rtmp = 0; got = 0; timed_out = 0;
-                 gone = 0; changed = 0; admitted = 0; was_last = 0; cas_ok = 0 }
+        atomic { n++; RESET_LOCALS }
     :: else -> break
     od;
     finished[me] = 1
 }
 
+/* SIGKILL, as the victim's own last step: the kernel marks the dead
+ * process's robust mutex OWNER_DIED and wakes exactly one of the processes
+ * sleeping on that mutex word, any one of them. */
+inline die() {
+    alive[me] = 0; owner_died[me] = 1; deaths++; seq_same[me] = 0;
+    if :: g_pausing[me] -> g_stuck_pause = 1; g_pausing[me] = 0 :: else fi;
+    asleep[me] = 0; on_drain[me] = 0; watching[me] = 0;
+    k = 0;                                  /* k: how many watch us */
+    for (i : 0 .. NW - 1) { if :: IS_WATCHER(i, me) -> k++ :: else fi }
+    i = 0;
+    do
+    :: i < NW && IS_WATCHER(i, me) ->
+        asleep[i] = 0; on_drain[i] = 0; watching[i] = 0; death_woken[i] = 1; break
+    :: i < NW && IS_WATCHER(i, me) && k > 1 -> k--; i++   /* the kernel picked another */
+    :: i < NW && !IS_WATCHER(i, me) -> i++
+    :: i >= NW -> break
+    od
+}
+
 proctype user(byte me) {
     int s, armed;
-    byte i, k, got, rtmp, watched, seq, owed, nread, n, kind;
-    bool changed, timed_out, registered, admitted, was_last, claimed, granted_now, cas_ok;
+    byte i, k, got, watched, owed, nread, n, kind;
+    byte registered;        /* bit p: counted in rwait[2 * me + p] */
+    bool changed, timed_out, admitted, was_last, claimed, granted_now, cas_ok;
     bool cleared, gone;
     byte my_epoch, old_epoch, claim_epoch;
 #if MAXDEATHS > 0
-    /* a death may strike before any step (unless) */
-    { user_ops() } unless { !alive[me] };
+    /* A death may strike before any step.  The reaper's signal is a
+     * rendezvous, so the kill and the death are one atomic step: no state
+     * has a process killed but not yet dead. */
+    { user_ops() } unless {
+        atomic { sigkill?eval(me) -> die();
+                 n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS }
+    };
 #else
     user_ops();
 #endif
+    /* dead (or done): its locals no longer matter */
+    d_step { n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS }
 end_dead:
     skip
 }
 
-/* SIGKILL at any moment; the kernel marks the dead process's robust mutex
- * OWNER_DIED and wakes one waiter sleeping on it. */
+/* Sends SIGKILL to one process that has not finished, at any moment, or
+ * to none. */
 active proctype reaper() {
-    byte v, q;
+    byte v;
 end_reaper:
     if
     :: deaths < MAXDEATHS ->
         atomic {
+#ifdef VICTIM
+            v = VICTIM;     /* only this process may die */
+#else
             select (v : 0 .. NP - 1);
+#endif
             if
-            :: alive[v] && !finished[v] ->
-                alive[v] = 0; owner_died[v] = 1; deaths++;
-                asleep[v] = 0;
-                q = 0;
-                do
-                :: q < NW && IS_WATCHER(q, v) -> asleep[q] = 0; death_woken[q] = 1; break
-                :: q < NW && !IS_WATCHER(q, v) -> q++
-                :: q >= NW -> break
-                od
+            :: alive[v] && !finished[v] -> sigkill!v
             :: else     /* that one cannot die any more: no kill in this run */
             fi
-        }
+        };
+        v = 0
     :: skip
     fi
 }
 
-/* Resuming after a dead process's pause is the operator's decision. */
+/* Resuming after a dead process's pause is the operator's decision; it is
+ * needed (and taken) only when the dead process paused and never resumed. */
 active proctype operator() {
     int s;
-    byte i, k, got, rtmp, watched, me;
+    byte i, k, got, watched, me;
     bool changed, timed_out, cas_ok, cleared, gone;
     int armed;
     me = NP;    /* not a slot of the lock: never equal to an owner */
 end_operator:
-    deaths > 0;
+    g_stuck_pause;
     resume()
 }
 
