@@ -20,7 +20,7 @@ sanitize: warnings
 	cp -r pyshmlock $(SAN_DIR)/ && rm -rf $(SAN_DIR)/pyshmlock/_shmlock.* $(SAN_DIR)/pyshmlock/__pycache__
 	PYSHMLOCK_SANITIZE=1 $(PYTHON) pyshmlock/_build.py $(SAN_DIR)
 	cd $(SAN_DIR) && \
-	  LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+	  PYSHMLOCK_SANITIZED_RUN=1 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  PYTHONPATH=$$PWD $(PYTHON) -m pytest -q -p no:cacheprovider $(if $(SANITIZE_TESTS),$(SANITIZE_TESTS),$(CURDIR)/tests)
