@@ -566,7 +566,7 @@ static void withdraw_owed(shl_lock *h, shl_waiter *w)
     struct shl_slot *me = &h->slots[h->self];
     for (uint32_t p = 0; p < 2; p++)
         if (w->registered & (1u << p))
-            atomic_fetch_sub_explicit(&me->rwait[p], 1, memory_order_seq_cst);
+            atomic_fetch_sub_explicit(&me->rwait[p], 1, memory_order_seq_cst); /* [model:WITHDRAW_OWED] */
     w->registered = 0;
     wake_drainers(h);
 }

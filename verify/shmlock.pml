@@ -300,7 +300,8 @@ inline sleep_until_woken() {
 
 /* ---------------------------------------------------------- the attempts */
 
-/* withdraw_owed: one decrement per parity registered, then wake drainers */
+/* [model:WITHDRAW_OWED] one decrement per parity registered, then wake
+ * the drainers */
 inline withdraw_owed() {
     if :: registered & 1 -> atomic { rwait[2 * me]-- } :: else fi;
     if :: registered & 2 -> atomic { rwait[2 * me + 1]-- } :: else fi;
