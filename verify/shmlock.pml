@@ -586,10 +586,18 @@ inline user_ops() {
         kind = (me == 0 -> KIND0 : (me == 1 -> KIND1 : KIND2));
 #else
         if   /* pick the operation; each inline below has one call site */
+#ifdef VICTIM_KIND
+        /* splits a search: the process that may die runs this operation */
+        :: me == VICTIM -> kind = VICTIM_KIND
+        :: me != VICTIM -> if
+#endif
         :: kind = KIND_READ
         :: kind = KIND_WRITE
         :: kind = KIND_UPDATE
         :: kind = KIND_NONE     /* pause, then resume */
+#ifdef VICTIM_KIND
+                           fi
+#endif
         fi;
 #endif
         if
