@@ -90,9 +90,9 @@ byte deaths;
 byte g_hold[NP];            /* KIND_* this process holds (counts until reclaimed) */
 byte g_phases[NP];          /* exclusive phases ended while this reader waited */
 bool g_waiting_read[NP];
-bool g_pause_seen[NP];
+bool g_pause_seen[NP];      /* a pause happened while this reader waited */
 bool g_pausing[NW];         /* paused and not yet resumed (NW: the operator too) */
-bool g_stuck_pause;         /* a process died between its pause and its resume */      /* a pause happened while this reader waited */
+bool g_stuck_pause;         /* a process died between its pause and its resume */
 byte g_claim_admits[NP];    /* reads admitted while this process's claim drained */
 
 #define IS_WATCHER(q, p) (asleep[q] && (watching[q] & (1 << (p))))
@@ -577,6 +577,9 @@ inline resume() {
     claim_epoch = 0; watched = 0; got = 0; timed_out = 0; gone = 0; changed = 0; admitted = 0; \
     was_last = 0; cas_ok = 0; i = 0; k = 0
 
+/* every local of a user process but `me`: once it is dead or done */
+#define FORGET_ALL n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS
+
 inline user_ops() {
     n = 0;
     do
@@ -644,14 +647,13 @@ proctype user(byte me) {
      * rendezvous, so the kill and the death are one atomic step: no state
      * has a process killed but not yet dead. */
     { user_ops() } unless {
-        atomic { sigkill?eval(me) -> die();
-                 n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS }
+        atomic { sigkill?eval(me) -> die(); FORGET_ALL }
     };
 #else
     user_ops();
 #endif
     /* dead (or done): its locals no longer matter */
-    d_step { n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS }
+    d_step { FORGET_ALL }
 end_dead:
     skip
 }
