@@ -89,7 +89,7 @@
 /* ---------------------------------------------------------------- layout */
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
-#define SHL_LAYOUT  1u
+#define SHL_LAYOUT  2u                   /* 2: slot.pidns */
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
 #define ST_OWNER     0x00000FFFu
@@ -145,6 +145,7 @@ struct shl_slot {
     _Atomic uint32_t rwait[2];      /* owed readers, by parity of the epoch queued behind */
     _Atomic uint32_t waiting;       /* threads asleep in shl_wait (observability) */
     _Atomic uint64_t attached_at_ns;
+    _Atomic uint64_t pidns;         /* owner's PID namespace (display only, like pid) */
 } __attribute__((aligned(64)));
 
 struct shl_lock {
@@ -157,6 +158,7 @@ struct shl_lock {
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
+    uint64_t dev, ino;              /* the segment: with self, names our attachment */
 };
 
 /* ------------------------------------------------------------ small tools */
@@ -215,17 +217,42 @@ static int32_t owner_index(const shl_lock *h, uint32_t s)
 /* ------------------------------------------------- keeper thread and fork */
 
 /*
- * The keeper thread owns this process's slot mutexes.  Requests reach it
+ * Keeper threads own this process's slot mutexes.  Requests reach them
  * through k_mu/k_cv; k_call_mu serialises callers so that one request is in
  * flight at a time.  All of it is process-private.
+ *
+ * Why more than one keeper: a robust mutex is found at its owner's death
+ * through the owning thread's robust list, and the kernel walks at most
+ * ROBUST_LIST_LIMIT (2048) entries of it (glibc adds at the head, so the
+ * OLDEST slots would be lost: they would look alive forever).  So each
+ * keeper holds at most KEEPER_CAPACITY mutexes, well below that limit, and
+ * another keeper is started when every keeper is full.
+ *
+ * k_held records, for every mutex a keeper holds, which segment (dev/ino)
+ * and slot it is.  That record, not a pid, is what "this process's
+ * attachment" means: pids are not unique across PID namespaces.
  */
 enum { KEEP_TRYLOCK = 1, KEEP_UNLOCK = 2 };
+#define KEEPER_CAPACITY 1024     /* mutexes per keeper; the kernel walks 2048 */
+#define KEEPER_MAX      256      /* keepers per process (262,144 attachments) */
+
+struct kept {
+    pthread_mutex_t *m;          /* the slot mutex, in our mapping */
+    uint64_t dev, ino;           /* the segment */
+    uint32_t slot, keeper;
+};
+
 static pthread_mutex_t k_call_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t k_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t k_cv = PTHREAD_COND_INITIALIZER;
-static int k_started, k_op, k_result;
+static int k_started, k_op, k_result;   /* k_started 0: no keeper (yet, or after fork) */
 static uint64_t k_req, k_done;
 static pthread_mutex_t *k_target;
+static uint32_t k_who;                  /* the keeper the request is for */
+static uint32_t k_nkeepers;             /* under k_call_mu, like all below */
+static uint32_t k_count[KEEPER_MAX];    /* mutexes each keeper holds */
+static struct kept *k_held;
+static size_t k_nheld, k_capheld;
 
 static _Atomic uint64_t g_fork_gen;
 static _Atomic int g_have_waitv = 1;
@@ -233,10 +260,10 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void *keeper_main(void *arg)
 {
-    (void)arg;
+    uint32_t me = (uint32_t)(uintptr_t)arg;
     pthread_mutex_lock(&k_mu);
     for (;;) {
-        while (k_done == k_req)
+        while (k_done == k_req || k_who != me)
             pthread_cond_wait(&k_cv, &k_mu);
         int r;
         if (k_op == KEEP_TRYLOCK) {
@@ -255,42 +282,124 @@ static void *keeper_main(void *arg)
     return NULL;
 }
 
-static int keeper_call(int op, pthread_mutex_t *m)
+/* Start keeper number k_nkeepers.  Caller holds k_call_mu and k_mu. */
+static int start_keeper(void)
+{
+    if (k_nkeepers >= KEEPER_MAX)
+        return EMFILE;
+    pthread_t t;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    /* A keeper must never take a signal meant for the application. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int r = pthread_create(&t, &attr, keeper_main, (void *)(uintptr_t)k_nkeepers);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (r == 0)
+        k_count[k_nkeepers++] = 0;
+    return r;
+}
+
+/* Run one request on keeper `who`.  Caller holds k_call_mu and k_mu. */
+static int keeper_run(uint32_t who, int op, pthread_mutex_t *m)
+{
+    k_op = op;
+    k_target = m;
+    k_who = who;
+    uint64_t mine = ++k_req;
+    pthread_cond_broadcast(&k_cv);
+    while (k_done != mine)
+        pthread_cond_wait(&k_cv, &k_mu);
+    return k_result;
+}
+
+/* KEEP_TRYLOCK: lock m from a keeper with room and record it as slot `slot`
+ * of segment id (dev/ino).  KEEP_UNLOCK: unlock m from the keeper that holds
+ * it.  Returns the pthread result, or -1 with errno set. */
+static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino,
+                          uint32_t slot)
 {
     int r;
     pthread_mutex_lock(&k_call_mu);
     pthread_mutex_lock(&k_mu);
     if (!k_started) {
-        pthread_t t;
-        pthread_attr_t attr;
-        sigset_t all, old;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 64 * 1024);
-        /* The keeper must never take a signal meant for the application. */
-        sigfillset(&all);
-        pthread_sigmask(SIG_SETMASK, &all, &old);
-        r = pthread_create(&t, &attr, keeper_main, NULL);
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        pthread_attr_destroy(&attr);
-        if (r != 0) {
-            pthread_mutex_unlock(&k_mu);
-            pthread_mutex_unlock(&k_call_mu);
-            errno = r;
-            return -1;
-        }
+        /* First use, or first use after fork(): the child has no keeper
+         * and holds none of the parent's mutexes. */
+        k_nkeepers = 0;
+        k_nheld = 0;
         k_started = 1;
     }
-    k_op = op;
-    k_target = m;
-    uint64_t mine = ++k_req;
-    pthread_cond_broadcast(&k_cv);
-    while (k_done != mine)
-        pthread_cond_wait(&k_cv, &k_mu);
-    r = k_result;
+    if (op == KEEP_TRYLOCK) {
+        uint32_t who = 0;
+        while (who < k_nkeepers && k_count[who] >= KEEPER_CAPACITY)
+            who++;
+        r = 0;
+        if (who == k_nkeepers)
+            r = start_keeper();
+        if (r == 0 && k_nheld == k_capheld) {
+            size_t cap = k_capheld ? 2 * k_capheld : 64;
+            struct kept *p = realloc(k_held, cap * sizeof *p);
+            if (p) {
+                k_held = p;
+                k_capheld = cap;
+            } else {
+                r = ENOMEM;
+            }
+        }
+        if (r != 0) {
+            errno = r;
+            r = -1;
+        } else {
+            r = keeper_run(who, KEEP_TRYLOCK, m);
+            if (r == 0 || r == EOWNERDEAD) {
+                k_held[k_nheld++] = (struct kept){m, dev, ino, slot, who};
+                k_count[who]++;
+            }
+        }
+    } else {
+        size_t i = 0;
+        while (i < k_nheld && k_held[i].m != m)
+            i++;
+        if (i == k_nheld) {
+            r = EPERM;    /* no keeper of ours holds it */
+        } else {
+            r = keeper_run(k_held[i].keeper, KEEP_UNLOCK, m);
+            k_count[k_held[i].keeper]--;
+            k_held[i] = k_held[--k_nheld];
+        }
+    }
     pthread_mutex_unlock(&k_mu);
     pthread_mutex_unlock(&k_call_mu);
     return r;
+}
+
+static int keeper_call(int op, pthread_mutex_t *m)
+{
+    return keeper_request(op, m, 0, 0, 0);
+}
+
+/* Is slot `slot` of segment dev/ino held by a keeper of this process, i.e.
+ * one of this process's own attachments? */
+static int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot)
+{
+    int found = 0;
+    pthread_mutex_lock(&k_call_mu);
+    for (size_t i = 0; k_started && i < k_nheld && !found; i++)
+        found = k_held[i].dev == dev && k_held[i].ino == ino && k_held[i].slot == slot;
+    pthread_mutex_unlock(&k_call_mu);
+    return found;
+}
+
+/* The inode of this process's PID namespace, recorded in its slots so that
+ * info() can tell two processes with the same pid apart.  0 if unknown. */
+static uint64_t self_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
 /* In a forked child only the forking thread exists: no keeper, and the
@@ -485,7 +594,7 @@ static int attach_slot(shl_lock *h)
         struct shl_slot *sl = &h->slots[i];
         if (!slot_mutex_sane(&sl->owner))
             return SHL_ECORRUPT;
-        int r = keeper_call(KEEP_TRYLOCK, &sl->owner);
+        int r = keeper_request(KEEP_TRYLOCK, &sl->owner, h->dev, h->ino, i);
         if (r < 0)
             return SHL_ESYS;
         if (r == EOWNERDEAD || (r == 0 && !slot_is_clean(sl)))
@@ -497,6 +606,7 @@ static int attach_slot(shl_lock *h)
             recover_slot(h, i);
         atomic_store_explicit(&sl->pid, (uint32_t)getpid(), memory_order_relaxed);
         atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
+        atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
         h->self = (int32_t)i;
         h->fork_gen = atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
         return SHL_OK;
@@ -1180,7 +1290,9 @@ static size_t layout_size(uint32_t max)
 }
 
 /* Check a mapped segment of st_size bytes that is marked ready.  Every size
- * and count is checked against the file size before anything is indexed. */
+ * and count is checked against the file size before anything is indexed.
+ * The file must be exactly the layout's size: shorter would fault (SIGBUS)
+ * past its end, longer is not something any pyshmlock process makes. */
 static int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
 {
     if (hd->magic != SHL_MAGIC)
@@ -1192,8 +1304,10 @@ static int validate_header(const struct shl_header *hd, size_t st_size, uint32_t
     uint32_t m = hd->max_processes;
     if (m < 1 || m > SHL_MAX_PROCESSES_LIMIT)
         return SHL_ECORRUPT;
-    if (hd->total_size != layout_size(m) || st_size < layout_size(m))
+    if (hd->total_size != layout_size(m))
         return SHL_ECORRUPT;
+    if (st_size != layout_size(m))
+        return SHL_ESIZE;
     if (owner_of(atomic_load_explicit(&hd->state, memory_order_relaxed)) > m)
         return SHL_ECORRUPT;
     *max = m;
@@ -1218,7 +1332,8 @@ static void init_segment(struct shl_header *hd, uint32_t max)
 
 /* Map an existing segment and validate it, waiting (bounded) for a creator
  * that is still initialising it. */
-static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t *max)
+static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t *max,
+                        uint64_t *expected)
 {
     int64_t give_up = mono_ns() + OPEN_WAIT_NS;
     for (;;) {
@@ -1238,6 +1353,9 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
             if (atomic_load_explicit(&hd->ready, memory_order_acquire) == SHL_READY) {
                 int r = validate_header(hd, len, max);
                 if (r != SHL_OK) {
+                    if (r == SHL_ESIZE)
+                        *expected = hd->total_size;
+                    *size = len;
                     munmap(p, len);
                     return r;
                 }
@@ -1257,25 +1375,54 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
     }
 }
 
-int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes,
-             shl_lock **out, int *created, uint64_t *dev, uint64_t *ino)
+/*
+ * May this process use the existing segment behind st?  (docs/DESIGN.md,
+ * "Trust model".)  Everyone who can write the segment can make this process
+ * hang or crash, and through the robust-list pointers glibc keeps in a held
+ * slot mutex, write to this process's memory.  So the segment must be owned
+ * by our effective uid, or, by explicit opt-in, belong to `group`; and it
+ * may grant group/other write only where `mode` does.  Checked on the open
+ * file (fstat), so a later rename cannot swap what was checked; only the
+ * owner (trusted by these rules) or root can chmod/chown it afterwards.
+ */
+static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
+{
+    int ours = st->st_uid == geteuid();
+    int by_group = group >= 0 && (int64_t)st->st_gid == group;
+    if (!ours && !by_group)
+        return 0;
+    return ((uint32_t)st->st_mode & 0022u & ~mode) == 0;
+}
+
+static void fill_info(shl_open_info *info, const struct stat *st)
+{
+    info->uid = (uint32_t)st->st_uid;
+    info->gid = (uint32_t)st->st_gid;
+    info->mode = (uint32_t)st->st_mode & 07777u;
+    info->dev = (uint64_t)st->st_dev;
+    info->ino = (uint64_t)st->st_ino;
+    info->size = (uint64_t)st->st_size;
+}
+
+int shl_open(const char *name, int create, uint32_t mode, int64_t group,
+             uint32_t max_processes, shl_lock **out, shl_open_info *info)
 {
     char path[SHL_NAME_MAX + 32];
     *out = NULL;
-    *created = 0;
-    if (!valid_name(name))
+    memset(info, 0, sizeof *info);
+    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1)
         return SHL_EINVAL;
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     pthread_once(&g_once, init_once);
     snprintf(path, sizeof path, "/pyshmlock.%s", name);
 
-    int fd = -1;
+    int fd = -1, created = 0;
     for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
         if (create) {
             fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode & 0777);
             if (fd >= 0) {
-                *created = 1;
+                created = 1;
                 break;
             }
             if (errno != EEXIST)
@@ -1292,10 +1439,15 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
     struct shl_header *hd = NULL;
     size_t size = 0;
     uint32_t max = 0;
+    uint64_t expected = 0;
+    struct stat st;
     int r = SHL_OK;
-    if (*created) {
+    if (created) {
         size = layout_size(max_processes);
-        if (fchmod(fd, mode & 0777) != 0 || ftruncate(fd, (off_t)size) != 0) {
+        /* The group first (fchown may clear mode bits), then the exact mode:
+         * shm_open applied the umask, and `mode` is what the caller asked. */
+        if ((group >= 0 && fchown(fd, (uid_t)-1, (gid_t)group) != 0) ||
+            fchmod(fd, mode & 0777) != 0 || ftruncate(fd, (off_t)size) != 0) {
             r = SHL_ESYS;
         } else {
             void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -1312,10 +1464,17 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
             shm_unlink(path);
             errno = e;
         }
+    } else if (fstat(fd, &st) != 0) {
+        r = SHL_ESYS;
+    } else if (fill_info(info, &st), !segment_trusted(&st, mode, group)) {
+        r = SHL_EPERM;   /* never mapped: nothing of it reaches glibc */
     } else {
-        r = map_existing(fd, &hd, &size, &max);
+        r = map_existing(fd, &hd, &size, &max, &expected);
+        if (r == SHL_ESIZE) {
+            info->size = size;
+            info->expected_size = expected;
+        }
     }
-    struct stat st;
     if (r == SHL_OK && fstat(fd, &st) != 0)
         r = SHL_ESYS;
     int e = errno;
@@ -1326,6 +1485,8 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
             munmap(hd, size);
         return r;
     }
+    fill_info(info, &st);
+    info->created = created;
 
     shl_lock *h = calloc(1, sizeof *h);
     if (!h) {
@@ -1338,14 +1499,14 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
     h->map_size = size;
     h->max = max;
     h->self = -1;
+    h->dev = (uint64_t)st.st_dev;
+    h->ino = (uint64_t)st.st_ino;
     r = ensure_attached(h);
     if (r != SHL_OK) {
         munmap(hd, size);
         free(h);
         return r;
     }
-    *dev = (uint64_t)st.st_dev;
-    *ino = (uint64_t)st.st_ino;
     *out = h;
     return SHL_OK;
 }
@@ -1369,6 +1530,68 @@ int shl_close(shl_lock *h)
     return SHL_OK;
 }
 
+/* Count the live processes attached to the mapped segment (dev/ino),
+ * other than this process's own attachments; reclaims dead ones. */
+static uint32_t count_others(struct shl_header *hd, uint32_t max, uint64_t dev, uint64_t ino)
+{
+    shl_lock probe;
+    memset(&probe, 0, sizeof probe);
+    probe.hdr = hd;
+    probe.slots = (struct shl_slot *)(hd + 1);
+    probe.max = max;
+    probe.self = -1;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < max; i++) {
+        /* Ours by attachment (a slot our keepers hold), never by pid: two
+         * PID namespaces can both have a process with our pid. */
+        if (own_attachment(dev, ino, i))
+            continue;
+        if (probe_slot(&probe, i))
+            n++;
+    }
+    return n;
+}
+
+/*
+ * Remove the name "/pyshmlock.<name>" only if it still names the segment
+ * `probed` (dev/ino).  The name is renamed atomically to a private name,
+ * which makes what it named ours to check: the same segment is unlinked;
+ * another one (the lock was removed and created anew meanwhile) is renamed
+ * back.  Returns 0 removed, 1 the name named another segment (look again),
+ * or SHL_ESYS.
+ *
+ * Left: if, during the microseconds between the two renames, yet another
+ * process creates the lock anew, the segment renamed away cannot go back
+ * and is unlinked: it has been replaced by a newer one, exactly as if it
+ * had been removed before the creation.  A crash between the two renames
+ * leaves a file "/dev/shm/.pyshmlock-unlink.*" behind.
+ */
+static int unlink_exactly(const char *name, const struct stat *probed)
+{
+    static _Atomic uint32_t seq;
+    char path[SHL_NAME_MAX + 64], tmp[96];
+    snprintf(path, sizeof path, "/dev/shm/pyshmlock.%s", name);
+    int moved = -1;
+    for (int k = 0; k < 8 && moved != 0; k++) {
+        snprintf(tmp, sizeof tmp, "/dev/shm/.pyshmlock-unlink.%d.%u.%llu", (int)getpid(),
+                 atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed),
+                 (unsigned long long)real_ns());
+        moved = renameat2(AT_FDCWD, path, AT_FDCWD, tmp, RENAME_NOREPLACE);
+        if (moved != 0 && errno != EEXIST)
+            return SHL_ESYS;   /* ENOENT: removed meanwhile (FileNotFoundError) */
+    }
+    if (moved != 0)
+        return SHL_ESYS;
+    struct stat now;
+    if (stat(tmp, &now) != 0)
+        return SHL_ESYS;
+    if (now.st_dev == probed->st_dev && now.st_ino == probed->st_ino)
+        return unlink(tmp) == 0 ? 0 : SHL_ESYS;
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0 && unlink(tmp) != 0)
+        return SHL_ESYS;
+    return 1;
+}
+
 int shl_unlink(const char *name, int force, uint32_t *attached)
 {
     char path[SHL_NAME_MAX + 32];
@@ -1377,39 +1600,40 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
         return SHL_EINVAL;
     pthread_once(&g_once, init_once);
     snprintf(path, sizeof path, "/pyshmlock.%s", name);
-    int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
-    if (fd < 0)
-        return SHL_ESYS;
-    struct shl_header *hd = NULL;
-    size_t size = 0;
-    uint32_t max = 0;
-    int r = force ? SHL_OK : map_existing(fd, &hd, &size, &max);
-    close(fd);
-    if (r != SHL_OK)
-        return r;
-    if (hd) {
-        /* Count live processes other than this one; reclaim dead ones. */
-        shl_lock probe;
-        memset(&probe, 0, sizeof probe);
-        probe.hdr = hd;
-        probe.slots = (struct shl_slot *)(hd + 1);
-        probe.max = max;
-        probe.self = -1;
-        uint32_t mypid = (uint32_t)getpid();
-        for (uint32_t i = 0; i < max; i++) {
-            struct shl_slot *sl = &probe.slots[i];
-            if (atomic_load_explicit(&sl->pid, memory_order_relaxed) == mypid)
-                continue;
-            if (probe_slot(&probe, i))
-                (*attached)++;
-        }
+    if (force)   /* remove whatever the name names, without looking inside */
+        return shm_unlink(path) == 0 ? SHL_OK : SHL_ESYS;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0)
+            return SHL_ESYS;
+        struct stat st;
+        struct shl_header *hd = NULL;
+        size_t size = 0;
+        uint32_t max = 0;
+        uint64_t expected = 0;
+        int r = SHL_OK;
+        if (fstat(fd, &st) != 0)
+            r = SHL_ESYS;
+        else if (st.st_uid != geteuid())
+            r = SHL_EPERM;   /* probing locks its mutexes: only our own segments */
+        else
+            r = map_existing(fd, &hd, &size, &max, &expected);
+        int e = errno;
+        close(fd);
+        errno = e;
+        if (r != SHL_OK)
+            return r;
+        *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
         munmap(hd, size);
         if (*attached)
             return SHL_EBUSY;
+        r = unlink_exactly(name, &st);
+        if (r <= 0)
+            return r;
+        /* The name was given to another segment meanwhile: look at that one. */
     }
-    if (shm_unlink(path) != 0)
-        return SHL_ESYS;
-    return SHL_OK;
+    errno = EAGAIN;
+    return SHL_ESYS;
 }
 
 /* --------------------------------------------------------- observability */
@@ -1462,6 +1686,7 @@ int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
                 atomic_load_explicit(&sl->rwait[1], memory_order_relaxed);
     out->waiting = atomic_load_explicit(&sl->waiting, memory_order_relaxed);
     out->is_self = (int32_t)index == h->self;
+    out->pidns = atomic_load_explicit(&sl->pidns, memory_order_relaxed);
     return SHL_OK;
 }
 

@@ -29,6 +29,10 @@
 #define SHL_ESYS       -9   /* a system call failed; errno says which way */
 #define SHL_EINVAL    -10   /* bad argument (name, max_processes) */
 #define SHL_ECLOSED   -11   /* the handle is NULL: the Python object was closed */
+#define SHL_EPERM     -20   /* the existing segment is not trusted: owned by another
+                               user, or it grants group/other write beyond `mode`
+                               (docs/DESIGN.md, "Trust model") */
+#define SHL_ESIZE     -21   /* the existing segment's size is not its layout's size */
 
 /* What a waiter waits for (shl_waiter.kind). */
 #define SHL_KIND_READ     1
@@ -70,7 +74,9 @@ typedef struct shl_slot_snapshot {
     uint32_t owed;         /* readers of this process queued behind an exclusive phase */
     uint32_t waiting;      /* threads of this process blocked in a wait */
     int32_t alive;         /* 1 owned by a live process, 0 free (or just recovered) */
-    int32_t is_self;
+    int32_t is_self;       /* the slot of this attachment (not: the same pid) */
+    uint64_t pidns;        /* inode of the owner's PID namespace (0 unknown); the pid
+                              is only meaningful inside that namespace */
 } shl_slot_snapshot;
 
 /* A snapshot of the shared header (shl_info). */
@@ -107,16 +113,31 @@ typedef struct shl_recovery_record {
 #define SHL_LOST_WAITERS 16u     /* owed-reader registrations */
 #define SHL_RECOVERY_LOG 16
 
+/* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE so
+ * that the caller can say why the segment was refused. */
+typedef struct shl_open_info {
+    int32_t created;             /* 1 this call created the segment */
+    uint32_t uid, gid, mode;     /* the segment's owner, group, permission bits */
+    uint64_t dev, ino;           /* identify the segment */
+    uint64_t size;               /* its size in bytes */
+    uint64_t expected_size;      /* SHL_ESIZE: the size its header describes */
+} shl_open_info;
+
 /* Open (and with create != 0 create) the lock "/pyshmlock.<name>".
- * *created tells which happened; dev/ino identify the segment. */
-int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes,
-             shl_lock **out, int *created, uint64_t *dev, uint64_t *ino);
+ * A new segment gets permission bits `mode` (exactly; umask does not apply)
+ * and, if group >= 0, that group.  An existing one is refused (SHL_EPERM)
+ * unless it is owned by this effective uid, or group >= 0 and its group is
+ * `group`; and unless it grants no group/other write bit beyond `mode`. */
+int shl_open(const char *name, int create, uint32_t mode, int64_t group,
+             uint32_t max_processes, shl_lock **out, shl_open_info *info);
 /* Make sure this process owns a slot (a forked child takes its own). */
 int shl_attach(shl_lock *h);
 /* Detach.  Refuses with SHL_EBUSY while this process holds anything. */
 int shl_close(shl_lock *h);
 /* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
- * are attached and force == 0. */
+ * are attached and force == 0.  Without force it looks inside the segment
+ * only if this effective uid owns it (SHL_EPERM otherwise), and it removes
+ * exactly the segment it looked at (see shl_unlink in shmlock.c). */
 int shl_unlink(const char *name, int force, uint32_t *attached);
 
 /* Blocking calls; deadline_ns is CLOCK_MONOTONIC, -1 waits forever, any

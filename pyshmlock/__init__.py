@@ -25,18 +25,19 @@ from .errors import (  # noqa: E402
     NotHeldError,
     PyshmlockError,
     SegmentError,
+    SegmentSizeError,
     TooManyProcessesError,
     UninitializedSegmentError,
     WouldDeadlockError,
 )
 from .aio import AsyncRWLock  # noqa: E402
-from .lock import LockInfo, Recovery, RWLock, unlink  # noqa: E402
+from .lock import AttachedProcess, LockInfo, Recovery, RWLock, unlink  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "unlink",
+    "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink",
     "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
-    "CorruptSegmentError", "UninitializedSegmentError", "TooManyProcessesError",
+    "CorruptSegmentError", "SegmentSizeError", "UninitializedSegmentError", "TooManyProcessesError",
     "NotHeldError", "WouldDeadlockError", "LockInUseError",
 ]

@@ -106,7 +106,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             continue
         ex = (f"write pid {i.writer_pid}" if i.writer_pid else
               f"update pid {i.updater_pid}" if i.updater_pid else "-")
-        others = [p for p in i.attached_pids if p != os.getpid()]
+        others = [p for p in i.processes if not p.is_self]
         print(f"{name:40} {'yes' if i.paused else 'no':7} {ex:18} "
               f"{sum(i.readers.values()):<6} {len(others)}")
     return EXIT_OK

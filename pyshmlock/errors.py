@@ -6,8 +6,10 @@ Hold misuse raises :class:`RuntimeError` subclasses, bad arguments raise
 problems with the shared segment itself raise :class:`SegmentError`.
 """
 import errno as _errno
+import grp
 import os
-from typing import Optional
+import pwd
+from typing import Any, Optional
 
 from ._shmlock import ffi, lib
 
@@ -30,6 +32,10 @@ class LayoutVersionError(SegmentError):
 
 class CorruptSegmentError(SegmentError):
     """The segment holds values no pyshmlock process writes."""
+
+
+class SegmentSizeError(CorruptSegmentError):
+    """The segment's size is not the size its header describes."""
 
 
 class UninitializedSegmentError(SegmentError):
@@ -73,6 +79,12 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             "every process must use the same pyshmlock release")
     if rc == lib.SHL_ECORRUPT:
         return CorruptSegmentError(f"{where}{what}: the shared segment is corrupt")
+    if rc == lib.SHL_ESIZE:
+        return SegmentSizeError(f"{where}{what}: the segment's size is not the size "
+                                "its header describes")
+    if rc == lib.SHL_EPERM:
+        return PermissionError(_errno.EPERM, f"{where}{what}: the segment is owned by "
+                               "another user or grants more than the requested mode")
     if rc == lib.SHL_EINIT:
         return UninitializedSegmentError(
             f"{where}the segment was never initialised (its creator died while "
@@ -88,3 +100,54 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         path = f"/dev/shm/pyshmlock.{name}" if name else None
         return OSError(err, f"{what}: {os.strerror(err)}", path)
     return PyshmlockError(f"{where}{what}: unexpected return code {rc}")
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _group(gid: int) -> str:
+    try:
+        return f"gid {gid} ({grp.getgrgid(gid).gr_name})"
+    except KeyError:
+        return f"gid {gid}"
+
+
+def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
+                    unlinking: bool = False) -> PermissionError:
+    """The PermissionError for a segment this process refuses to trust."""
+    path = f"/dev/shm/pyshmlock.{name}"
+    if info is None:   # unlink: describe the file as it is now
+        try:
+            st = os.stat(path)
+            uid, sgid, smode = st.st_uid, st.st_gid, st.st_mode & 0o7777
+        except OSError:
+            uid = sgid = smode = -1
+    else:
+        uid, sgid, smode = info.uid, info.gid, info.mode
+    what = (f"the existing segment is owned by {_user(uid)}, group {_group(sgid)}, "
+            f"mode {smode:04o}" if uid >= 0 else "the existing segment is not trusted")
+    if unlinking:
+        rule = ("unlink() looks inside only segments owned by this user "
+                f"({_user(os.geteuid())}); force=True removes it without looking inside")
+    else:
+        by = f" or by group {_group(gid)} (group=)" if gid >= 0 else ""
+        rule = (f"a lock is opened only if its segment is owned by this user "
+                f"({_user(os.geteuid())}){by} and grants group/other write no wider "
+                f"than mode {mode:04o}; another user may have planted it. "
+                "See 'Trust model' in docs/DESIGN.md")
+    return PermissionError(_errno.EPERM, f"lock {name!r}: {what}; {rule}", path)
+
+
+def open_error(rc: int, name: str, info: Any, mode: int, gid: int) -> BaseException:
+    """The exception for shl_open's return code rc (info: its shl_open_info)."""
+    if rc == lib.SHL_EPERM:
+        return untrusted_error(name, info, mode, gid)
+    if rc == lib.SHL_ESIZE:
+        return SegmentSizeError(
+            f"lock {name!r}: the segment is {info.size} bytes, but its header describes "
+            f"a {info.expected_size}-byte lock; something truncated or extended it")
+    return error_for(rc, "open", name)

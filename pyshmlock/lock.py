@@ -7,18 +7,20 @@ handling, and the per-process registry that makes every ``RWLock`` object of
 one segment in one process share one attachment (holds belong to the
 process, not to the Python object).
 """
+import grp
 import math
 import os
 import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ._shmlock import ffi, lib
-from .errors import LockInUseError, error_for
+from .errors import LockInUseError, error_for, open_error, untrusted_error
 
-__all__ = ["RWLock", "LockInfo", "Recovery", "unlink", "SHM_DIR", "SHM_PREFIX"]
+__all__ = ["RWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "SHM_DIR",
+           "SHM_PREFIX"]
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "pyshmlock."
@@ -109,20 +111,33 @@ def _segment_key(name: str) -> Optional[Tuple[int, int]]:
     return (st.st_dev, st.st_ino)
 
 
-def _attach(name: str, create: bool, mode: int, max_processes: int) -> _Attachment:
+def check_group(group: Union[None, int, str]) -> int:
+    """The gid for the ``group`` argument (-1 for None), else ValueError."""
+    if group is None:
+        return -1
+    if isinstance(group, str):
+        try:
+            return grp.getgrnam(group).gr_gid
+        except KeyError:
+            raise ValueError(f"no such group {group!r}") from None
+    if isinstance(group, int) and not isinstance(group, bool) and 0 <= group < 2**32 - 1:
+        return group
+    raise ValueError(f"group must be None, a group name or a gid, not {group!r}")
+
+
+def _attach(name: str, create: bool, mode: int, max_processes: int,
+            gid: int = -1) -> _Attachment:
     with _registry_lock:
         key = _segment_key(name)
         att = _registry.get(key) if key else None
         if att is None:
             out = ffi.new("shl_lock **")
-            created = ffi.new("int *")
-            dev = ffi.new("uint64_t *")
-            ino = ffi.new("uint64_t *")
-            rc = lib.shl_open(name.encode(), int(create), mode, max_processes,
-                              out, created, dev, ino)
+            info = ffi.new("shl_open_info *")
+            rc = lib.shl_open(name.encode(), int(create), mode, gid, max_processes,
+                              out, info)
             if rc != _OK:
-                raise error_for(rc, "open", name)
-            key = (dev[0], ino[0])
+                raise open_error(rc, name, info, mode, gid)
+            key = (info.dev, info.ino)
             att = _registry.get(key)
             if att is None:
                 att = _Attachment(out[0], key, name)
@@ -167,6 +182,21 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class AttachedProcess:
+    """One attached process (one slot).  ``pid`` is only meaningful inside
+    the PID namespace ``pid_namespace`` (the inode of /proc/<pid>/ns/pid, 0
+    if unknown): two containers sharing /dev/shm may show the same pid."""
+
+    pid: int
+    pid_namespace: int
+    slot: int
+    readers: int
+    queued_readers: int
+    waiting: int
+    is_self: bool        # this process's own attachment
+
+
+@dataclass(frozen=True)
 class LockInfo:
     """A snapshot of a lock as every process sees it (see RWLock.info)."""
 
@@ -187,10 +217,14 @@ class LockInfo:
     data_suspect: bool
     recoveries: List[Recovery] = field(default_factory=list)
     recovery_count: int = 0
+    #: one entry per attached process; ``readers``/``waiters``/
+    #: ``queued_readers`` above add up processes that show the same pid
+    processes: List[AttachedProcess] = field(default_factory=list)
 
     def to_dict(self) -> Dict[str, Any]:
         """The snapshot as plain JSON-serialisable data."""
         d = dict(self.__dict__)
+        d["processes"] = [dict(p.__dict__) for p in self.processes]
         d["readers"] = {str(k): v for k, v in self.readers.items()}
         d["waiters"] = {str(k): v for k, v in self.waiters.items()}
         d["queued_readers"] = {str(k): v for k, v in self.queued_readers.items()}
@@ -288,8 +322,9 @@ class RWLock:
     """
 
     def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
-                 max_processes: int = 256) -> None:
+                 max_processes: int = 256, group: Union[None, int, str] = None) -> None:
         check_name(name)
+        gid = check_group(group)
         if not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ValueError(f"mode must be a permission number 0..0o777, not {mode!r}")
         if (not isinstance(max_processes, int) or isinstance(max_processes, bool)
@@ -297,7 +332,8 @@ class RWLock:
             raise ValueError(f"max_processes must be 1..{lib.SHL_MAX_PROCESSES_LIMIT}, "
                              f"not {max_processes!r}")
         self.name = name
-        self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes)
+        self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
+                                                   gid)
         self._h = self._att.handle
         #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
         self.reader_lock = _Hold(self, lib.SHL_KIND_READ, None)
@@ -443,11 +479,15 @@ class RWLock:
         waiters: Dict[int, int] = {}
         queued: Dict[int, int] = {}
         pids: List[int] = []
+        procs: List[AttachedProcess] = []
         slot = ffi.new("shl_slot_snapshot *")
         for i in range(snap.max_processes):
             if lib.shl_slot_info(h, i, slot) != _OK or not slot.alive:
                 continue
             pids.append(slot.pid)
+            procs.append(AttachedProcess(
+                pid=slot.pid, pid_namespace=slot.pidns, slot=i, readers=slot.readers,
+                queued_readers=slot.owed, waiting=slot.waiting, is_self=bool(slot.is_self)))
             if slot.readers:
                 readers[slot.pid] = readers.get(slot.pid, 0) + slot.readers
             if slot.waiting:
@@ -471,12 +511,13 @@ class RWLock:
             readers=readers,
             waiters=waiters,
             queued_readers=queued,
-            attached_pids=sorted(set(pids)),
+            attached_pids=sorted(pids),
             epoch=snap.epoch,
             max_processes=snap.max_processes,
             data_suspect=bool(snap.data_suspect),
             recoveries=recoveries,
             recovery_count=snap.recovery_count,
+            processes=procs,
         )
 
     # -- lifetime ------------------------------------------------------
@@ -538,7 +579,11 @@ def unlink(name: str, force: bool = False) -> None:
     """Remove the lock ``name`` from the system.
 
     Refuses (LockInUseError) while other live processes are attached, unless
-    ``force`` is true; this process's own attachment does not count.
+    ``force`` is true; this process's own attachments do not count.  It
+    removes exactly the segment it looked at: if the lock is removed and
+    created anew meanwhile, the new one is looked at instead.  Without
+    ``force`` it looks inside only segments this user owns (PermissionError
+    otherwise); ``force=True`` removes the name without looking inside.
     Processes still attached keep working on the old segment; a later open
     creates a fresh lock.  FileNotFoundError if there is no such lock.
     """
@@ -549,5 +594,7 @@ def unlink(name: str, force: bool = False) -> None:
         raise LockInUseError(
             f"lock {name!r}: {attached[0]} other live process(es) attached; "
             "pass force=True to remove it anyway")
+    if rc == lib.SHL_EPERM:
+        raise untrusted_error(name, None, None, -1, unlinking=True)
     if rc != _OK:
         raise error_for(rc, "unlink", name)

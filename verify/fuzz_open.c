@@ -30,9 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(fd);
 
     shl_lock *h = NULL;
-    int created = 0;
-    uint64_t dev, ino;
-    int r = shl_open(name, 0, 0600, 0, &h, &created, &dev, &ino);
+    shl_open_info info;
+    int r = shl_open(name, 0, 0600, -1, 0, &h, &info);
     if (r == SHL_OK) {
         shl_snapshot snap;
         if (shl_info(h, &snap) == SHL_OK) {
