@@ -8,6 +8,7 @@ UBSan (when clang and libFuzzer are installed; `make fuzz` runs it longer)."""
 import os
 import random
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -50,6 +51,10 @@ def mutate_and_open(q, name, seeds, rounds, seed):
             outcomes[type(e).__name__] = outcomes.get(type(e).__name__, 0) + 1
             continue
         try:
+            # Opened: then the file is exactly the size its header describes
+            # (a shorter one would fault past its end, SIGBUS).
+            hsize, ssize, nmax = struct.unpack_from("<III", data, 8)
+            assert len(data) == hsize + nmax * ssize, (len(data), hsize, ssize, nmax)
             lk.info()
             lk.is_locked()
             if lk.acquire_read(0):

@@ -24,7 +24,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 # Every test of these files runs the core in several processes (or feeds it
 # corrupted segments); together they take about a minute under ASan.
 SUITES = ("test_semantics.py", "test_crash.py", "test_stress.py", "test_bad_input.py",
-          "test_fuzz.py")
+          "test_fuzz.py", "test_trust.py", "test_limits.py")
 
 # The child run must not recurse into this file.
 INNER = "PYSHMLOCK_SANITIZED_RUN"
