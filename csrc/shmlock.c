@@ -1577,6 +1577,16 @@ static int unlink_exactly(const char *name, const struct stat *probed)
                  atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed),
                  (unsigned long long)real_ns());
         moved = renameat2(AT_FDCWD, path, AT_FDCWD, tmp, RENAME_NOREPLACE);
+        if (moved != 0 && (errno == EINVAL || errno == ENOSYS)) {
+            /* No RENAME_NOREPLACE here: check the name, then remove it (a
+             * window of a few instructions between the two is left). */
+            struct stat cur;
+            if (stat(path, &cur) != 0)
+                return SHL_ESYS;
+            if (cur.st_dev != probed->st_dev || cur.st_ino != probed->st_ino)
+                return 1;
+            return unlink(path) == 0 ? 0 : SHL_ESYS;
+        }
         if (moved != 0 && errno != EEXIST)
             return SHL_ESYS;   /* ENOENT: removed meanwhile (FileNotFoundError) */
     }
