@@ -328,9 +328,14 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
     pthread_mutex_lock(&k_mu);
     if (!k_started) {
         /* First use, or first use after fork(): the child has no keeper
-         * and holds none of the parent's mutexes. */
+         * and holds none of the parent's mutexes.  The table is dropped,
+         * not reused: a fork in the middle of a realloc in another thread
+         * may have left k_held pointing at freed memory (a leak of at most
+         * one table per fork instead). */
         k_nkeepers = 0;
         k_nheld = 0;
+        k_held = NULL;
+        k_capheld = 0;
         k_started = 1;
     }
     if (op == KEEP_TRYLOCK) {

@@ -143,3 +143,22 @@ def test_processes_with_the_same_pid_in_two_namespaces(lock_name):
         for c in (a, b):
             if c is not None:
                 c.close()
+
+
+def unlink_from_child(q, name):
+    try:
+        pyshmlock.unlink(name)
+        q.put("removed")
+    except pyshmlock.LockInUseError as e:
+        q.put(str(e))
+
+
+def test_forked_child_does_not_take_its_parents_attachment_for_its_own(lock, lock_name,
+                                                                       children):
+    # The child inherits the parent's handle (and keeper table) but not its
+    # slot: the parent's attachment is another process's.
+    c = children(unlink_from_child, lock_name)
+    assert "1 other live process" in c.get()
+    assert os.path.exists(f"/dev/shm/pyshmlock.{lock_name}")
+    pyshmlock.unlink(lock_name)      # the parent's own attachment does not count
+    assert not os.path.exists(f"/dev/shm/pyshmlock.{lock_name}")
