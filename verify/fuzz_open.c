@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "shmlock.h"
@@ -33,6 +34,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shl_open_info info;
     int r = shl_open(name, 0, 0600, -1, 0, &h, &info);
     if (r == SHL_OK) {
+        /* Opened: the file is exactly the size its header describes (a
+         * shorter one faults past its end; grown ones used to be opened). */
+        uint32_t hsize, ssize, nmax;
+        memcpy(&hsize, data + 8, 4);
+        memcpy(&ssize, data + 12, 4);
+        memcpy(&nmax, data + 16, 4);
+        if (size != (uint64_t)hsize + (uint64_t)nmax * ssize || info.size != size)
+            abort();
         shl_snapshot snap;
         if (shl_info(h, &snap) == SHL_OK) {
             shl_slot_snapshot slot;
