@@ -314,6 +314,13 @@ class RWLock:
     creator's values.  ``create=False`` raises FileNotFoundError if it does
     not exist.
 
+    Whoever can write the segment must be trusted (docs/DESIGN.md, "Trust
+    model"), so an existing segment is used only if this user owns it, or,
+    with ``group`` (a group name or gid), if that is its group; and only if
+    it grants no group/other write beyond ``mode``.  Otherwise
+    PermissionError names its owner and mode.  A new segment gets exactly
+    ``mode`` and, with ``group``, that group.
+
     Holds belong to the process: any thread of the process that took a hold
     may release it, and a forked child holds nothing.  Every ``acquire_*``
     takes ``timeout`` in seconds: None waits forever, 0 tries once; it
