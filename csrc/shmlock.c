@@ -1565,11 +1565,10 @@ static uint32_t count_others(struct shl_header *hd, uint32_t max, uint64_t dev, 
  * back.  Returns 0 removed, 1 the name named another segment (look again),
  * or SHL_ESYS.
  *
- * Left: if, during the microseconds between the two renames, yet another
- * process creates the lock anew, the segment renamed away cannot go back
- * and is unlinked: it has been replaced by a newer one, exactly as if it
- * had been removed before the creation.  A crash between the two renames
- * leaves a file "/dev/shm/.pyshmlock-unlink.*" behind.
+ * Left: a process that creates the lock anew during the microseconds the
+ * name is away ends up alone on a removed segment, as any creator racing an
+ * unlink does.  A crash between the renames leaves a file
+ * "/dev/shm/.pyshmlock-unlink.*" behind (and the lock's name missing).
  */
 static int unlink_exactly(const char *name, const struct stat *probed)
 {
@@ -1602,7 +1601,14 @@ static int unlink_exactly(const char *name, const struct stat *probed)
         return SHL_ESYS;
     if (now.st_dev == probed->st_dev && now.st_ino == probed->st_ino)
         return unlink(tmp) == 0 ? 0 : SHL_ESYS;
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) != 0 && unlink(tmp) != 0)
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+        return 1;
+    if (errno != EEXIST)
+        return SHL_ESYS;
+    /* A creator found the name free while it was renamed away and made a
+     * new lock: swap the segment we moved back in, then remove the new one.
+     * Its creator is left alone on it, as any creator racing an unlink is. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) != 0 || unlink(tmp) != 0)
         return SHL_ESYS;
     return 1;
 }
