@@ -1396,6 +1396,9 @@ static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
     int by_group = group >= 0 && (int64_t)st->st_gid == group;
     if (!ours && !by_group)
         return 0;
+    /* With the opt-in, a group that may write must be that group. */
+    if (group >= 0 && !by_group && (st->st_mode & 0020))
+        return 0;
     return ((uint32_t)st->st_mode & 0022u & ~mode) == 0;
 }
 

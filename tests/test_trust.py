@@ -104,11 +104,16 @@ def test_group_opt_in_accepts_the_named_group_only(lock_name):
     assert "0662" in str(e.value)
 
 
+@needs_root
 def test_group_on_create_sets_the_segment_group(lock_name):
     lk = pyshmlock.RWLock(lock_name, mode=0o660, group=os.getegid())
     st = os.stat(path_of(lock_name))
     assert st.st_gid == os.getegid() and st.st_mode & 0o777 == 0o660
     lk.close()
+    # Ours, but group-writable by a group other than the one opted in.
+    os.chown(path_of(lock_name), -1, 100)
+    with pytest.raises(PermissionError):
+        pyshmlock.RWLock(lock_name, mode=0o660, group=os.getegid())
     with pytest.raises(ValueError):
         pyshmlock.RWLock(unique_name("g"), group="no-such-group-here")
 
