@@ -90,10 +90,16 @@ for line in sys.stdin:
 
 class NsChild:
     def __init__(self, name):
-        self.p = subprocess.Popen([UNSHARE, "--pid", "--fork", sys.executable, "-c",
-                                   NS_CHILD, name], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        self.hello = self.answer()
+        # --kill-child: the namespace dies with unshare, however this ends.
+        self.p = subprocess.Popen([UNSHARE, "--pid", "--fork", "--kill-child",
+                                   sys.executable, "-c", NS_CHILD, name],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.hello = None
+        try:
+            self.hello = self.answer()
+        except BaseException:
+            self.close()
+            raise
 
     def answer(self, timeout=20.0):
         import select
@@ -107,11 +113,7 @@ class NsChild:
         return self.answer()
 
     def close(self):
-        try:
-            os.kill(self.hello["outer"], signal.SIGKILL)
-        except (ProcessLookupError, TypeError, AttributeError):
-            pass
-        self.p.kill()
+        self.p.kill()            # and with it (--kill-child) the namespace's pid 1
         self.p.wait(10)
 
 
