@@ -209,8 +209,9 @@ class AsyncRWLock:
     """
 
     def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
-                 max_processes: int = 256) -> None:
-        self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes)
+                 max_processes: int = 256, stale: str = "reset") -> None:
+        self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes,
+                            stale=stale)
         self.name = name
         #: ``async with lock.reader_lock:`` holds a read for the block.
         self.reader_lock = self._hold(lib.SHL_KIND_READ, None)
