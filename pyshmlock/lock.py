@@ -70,7 +70,7 @@ def deadline_ns(timeout: Optional[float]) -> int:
     t = float(timeout)
     if math.isnan(t) or t < 0:
         raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
-    if math.isinf(t):
+    if math.isinf(t) or t > 1e9:   # beyond 31 years is forever (and fits int64)
         return -1
     if t == 0:
         return 0
@@ -722,6 +722,9 @@ def _observed_info(o: Any, name: str) -> LockInfo:
         pauser_alive = (snap.paused_by_pid in live or
                         _pid_running(snap.paused_by_pid, snap.paused_at_ns / 1e9))
     owner_dead = owner is not None and owner not in live
+    # A granted exclusive holder that died makes the data suspect already; the
+    # flag itself is set when an attached process reclaims the hold.
+    suspect = bool(snap.data_suspect) or (owner_dead and bool(snap.exclusive_granted))
     stale = not live and bool((snap.paused and not pauser_alive) or dead or owner_dead)
     return LockInfo(
         name=name,
@@ -738,7 +741,7 @@ def _observed_info(o: Any, name: str) -> LockInfo:
         attached_pids=sorted(set(live)),
         epoch=snap.epoch,
         max_processes=snap.max_processes,
-        data_suspect=bool(snap.data_suspect),
+        data_suspect=suspect,
         recoveries=recoveries,
         recovery_count=count,
         dead_pids=sorted(set(dead) - set(live)),
