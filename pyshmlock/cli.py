@@ -40,7 +40,7 @@ EXIT_CODES = """exit codes:
        is not a usable lock, a failed demo scenario, a removed lock (watch)
   2    usage: bad command line
   3    timeout: `resume` found the pause still pinned by an update hold
-  130  interrupted (Ctrl-C or SIGTERM/SIGHUP during `demo`)"""
+  128+N  `demo` stopped by signal N: 130 Ctrl-C (SIGINT), 143 SIGTERM, 129 SIGHUP"""
 
 NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
              "/dev/shm/pyshmlock.NAME (see `pyshmlock ls`)")
@@ -302,11 +302,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     try:
-        from .demo import run_demo
+        from .demo import Stopped, run_demo
     except ImportError as e:
         raise _Fail(f"the demo needs {e.name}: pip install 'pyshmlock[demo]'") from None
-    ok = run_demo(workers=args.workers, backend=args.backend, requests=args.requests,
-                  cycles=args.cycles, keep_running=args.keep_running)
+    try:
+        ok = run_demo(workers=args.workers, backend=args.backend, requests=args.requests,
+                      cycles=args.cycles, keep_running=args.keep_running)
+    except KeyboardInterrupt:
+        print("pyshmlock demo: interrupted; every child stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Stopped as e:
+        print(f"pyshmlock demo: {e}; every child stopped", file=sys.stderr)
+        return 128 + e.signum
     return EXIT_OK if ok else EXIT_ERROR
 
 

@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional
 
 from ..aio import AsyncRWLock
 from ..lock import RWLock
-from .state import MODES, SharedState, engine_lock_name, quiesce, swap_weights
+from .state import (MODES, SharedState, die_with_parent, engine_lock_name, quiesce,
+                    swap_weights)
 
 REQUEST_TIMEOUT = 60.0
 
@@ -330,11 +331,13 @@ def build_app(core: WorkerCore) -> Any:
 
 def worker_main(index: int, name: str, backend: str, state: SharedState, sched_inbox: Any,
                 outboxes: List[Any], controls: List[Any], registered: Any, shared_sock: Any,
-                port_q: Any, go: Any) -> None:
+                port_q: Any, go: Any, parent_pid: int = 0) -> None:
     """Process entry point: wait for `go`, then serve both sockets until SIGTERM."""
     import socket
 
     import uvicorn
+    if parent_pid and not die_with_parent(parent_pid):   # SIGTERM if the demo dies
+        return
     if not go.wait(300):
         return
     own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
