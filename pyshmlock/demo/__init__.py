@@ -17,9 +17,10 @@ import random
 import signal
 import socket
 import sys
+import textwrap
 import time
 import uuid
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..lock import RWLock, unlink
 from .state import CTX, engine_lock_name, new_state
@@ -197,13 +198,12 @@ async def _sync(value: Any) -> Any:
     return value
 
 
-def format_table(rows: List[Row]) -> str:
+def format_table(rows: List[Row], width: Optional[int] = None) -> str:
+    """The final table, wrapped to fit width (default: the terminal, or 100)."""
+    from .._table import format_table as fit
     head = ("scenario", "expected", "observed", "result", "time")
     body = [(r[0], r[1], r[2], "PASS" if r[3] else "FAIL", f"{r[4]:.1f} s") for r in rows]
-    widths = [max(len(str(x[i])) for x in [head] + body) for i in range(5)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    return "\n".join([fmt.format(*head), "  ".join("-" * w for w in widths)] +
-                     [fmt.format(*b) for b in body])
+    return fit(head, body, width)
 
 
 def run_demo(workers: int = 4, backend: str = "shared", requests: int = 16, cycles: int = 1000,
@@ -229,8 +229,11 @@ def _run_demo(workers: int, backend: str, requests: int, cycles: int, keep_runni
     try:
         cluster.start()
         asyncio.run(wait_healthy(cluster.worker_urls))
-        out(f"pyshmlock demo: backend={backend}, {workers} workers on {cluster.shared_url} "
-            f"(lock {cluster.name!r}), scheduler at 100 tokens/s per request\n")
+        from .._table import terminal_width
+        out(textwrap.fill(f"pyshmlock demo: backend={backend}, {workers} workers on "
+                          f"{cluster.shared_url} (lock {cluster.name!r}), scheduler at "
+                          f"100 tokens/s per request", terminal_width(),
+                          subsequent_indent="  ") + "\n")
         rows = asyncio.run(run_scenarios(cluster, requests, cycles, out))
         out("")
         out(format_table(rows))
