@@ -206,6 +206,9 @@ class AsyncRWLock:
     names of SGLang's in-process ``RWLock`` (``acquire_reader`` ...), so a
     tokenizer worker can swap its ``model_update_lock`` and its
     ``is_pause``/``is_pause_cond`` pair for one shared object.
+
+    ``stale`` is RWLock's stale-segment policy: ``"reset"`` (default) clears a
+    pause left by processes that are all gone, ``"keep"`` keeps it.
     """
 
     def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
