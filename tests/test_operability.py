@@ -192,3 +192,81 @@ def test_inspect_missing_and_foreign(lock_name):
         f.write(b"x" * 4096)
     with pytest.raises(pyshmlock.ForeignSegmentError):
         pyshmlock.inspect(lock_name)
+
+
+def _pause_and_die(q, name):
+    lk = pyshmlock.RWLock(name)
+    lk.pause()
+    q.put("paused")
+    q.close()
+    q.join_thread()                  # flushed before the abrupt exit
+    os._exit(0)                      # no close: a death, as far as the lock can tell
+
+
+def _reset_opener(q, name, go):
+    go.wait(10)
+    lk = pyshmlock.RWLock(name)      # stale="reset"
+    q.put("opened")
+    time.sleep(0.5)                  # stay attached while the others race
+    lk.close()
+
+
+def _keep_pauser(q, name, go):
+    go.wait(10)
+    lk = pyshmlock.RWLock(name, stale="keep")
+    mine = lk.pause()
+    q.put(("pause", mine))
+    time.sleep(0.5)
+    q.put(("paused", lk.paused))
+    lk.close()
+
+
+def test_reset_never_wipes_a_fresh_pause_of_a_concurrent_opener(stale_name, children):
+    """Openers that reset race an opener that pauses: a pause() that returned
+    True in a live process is never cleared."""
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    fresh = 0
+    for _ in range(15):
+        c = children(_pause_and_die, stale_name)
+        c.expect("paused")
+        c.join()
+        go = ctx.Event()
+        racers = [children(_reset_opener, stale_name, go) for _ in range(3)]
+        keeper = children(_keep_pauser, stale_name, go)
+        go.set()
+        for r in racers:
+            r.expect("opened")
+        kind, mine = keeper.get()
+        assert kind == "pause"
+        kind, still = keeper.get()
+        if mine:
+            fresh += 1
+            assert still, "a fresh pause of a live process was wiped by a stale reset"
+        for p in racers + [keeper]:
+            p.join()
+        pyshmlock.unlink(stale_name, force=True)
+    print(f"{fresh}/15 rounds had the keeper's pause fresh")
+
+
+def test_dead_pauser_with_a_live_process_attached_is_not_stale(stale_name, children):
+    def attached(q, name):
+        lk = pyshmlock.RWLock(name)
+        q.put("attached")
+        time.sleep(30)
+
+    a = children(attached, stale_name)
+    a.expect("attached")
+    p = _py(PAUSE_AND_EXIT, stale_name)          # the pauser exits; `a` still uses the lock
+    assert p.returncode == 0, p.stderr
+    p = _py("import sys, pyshmlock; print(pyshmlock.RWLock(sys.argv[1]).paused)", stale_name)
+    assert p.stdout.strip() == "True", p.stderr
+    info = pyshmlock.inspect(stale_name)
+    assert info.paused and info.paused_by_alive is False and not info.stale
+    a.kill()
+    # Now every process that used it is gone: the next opener resets.
+    lk = pyshmlock.RWLock(stale_name)
+    try:
+        assert not lk.paused
+    finally:
+        lk.close()
