@@ -35,12 +35,12 @@ EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE = 0, 1, 3, 2
 EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports Ctrl-C
 
 EXIT_CODES = """exit codes:
-  0    success
-  1    error: no such lock, permission denied, lock in use, a segment that
-       is not a usable lock, a failed demo scenario, a removed lock (watch)
-  2    usage: bad command line
-  3    timeout: `resume` found the pause still pinned by an update hold
-  128+N  `demo` stopped by signal N: 130 Ctrl-C (SIGINT), 143 SIGTERM, 129 SIGHUP"""
+  0      success
+  1      error: no such lock, permission denied, lock in use, a segment that
+         is not a usable lock, a failed demo scenario, a removed lock (watch)
+  2      usage: bad command line
+  3      timeout: `resume` found the pause still pinned by an update hold
+  128+N  `demo` stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP"""
 
 NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
              "/dev/shm/pyshmlock.NAME (see `pyshmlock ls`)")
