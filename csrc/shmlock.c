@@ -1735,3 +1735,217 @@ uint32_t shl_load_state(shl_lock *h)
         return 0;
     return atomic_load_explicit(&h->hdr->state, memory_order_acquire);
 }
+
+/* ---------------------------------------------------------- stale segments */
+
+/* How often the reset re-scans after the state word changed under it before
+ * it gives up (and keeps the pause): a word that keeps changing means live
+ * processes are using the lock, so it is not stale. */
+#define STALE_RETRIES 16
+
+int shl_reset_stale(shl_lock *h, uint32_t dead_pauser)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    struct shl_header *hd = h->hdr;
+    for (int attempt = 0; attempt < STALE_RETRIES; attempt++) {
+        /* seq_cst: the word is read before the scan below; the CAS at the end
+         * compares against exactly this value. */
+        uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+        if (!(s & ST_PAUSED))
+            return 0;
+        if (owner_index(h, s) == -2)
+            return SHL_ECORRUPT;
+        /* Only the pause the caller judged stale is cleared: a pause recorded
+         * under another pid (or none yet: a pause() between its CAS and its
+         * pid store) is a fresh one. */
+        if (atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed) != dead_pauser ||
+            dead_pauser == 0)
+            return 0;
+        /* Any other live process: not stale.  Probing reclaims dead slots
+         * (their reads, owed registrations and claims), which changes the
+         * word and so makes the CAS below fail once and the loop rescan. */
+        for (uint32_t i = 0; i < h->max; i++)
+            if ((int32_t)i != h->self && probe_slot(h, i))
+                return 0;
+        /* An update claim pins the pause; a live claimant was seen above, a
+         * dead one was reclaimed (and changed the word). */
+        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
+        if (atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                    memory_order_seq_cst)) {
+            atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
+            record_recovery(h, dead_pauser, SHL_LOST_PAUSE, 0, 0);
+            /* A process that attached after our scan may already sleep for
+             * the resume: it set SLEEPERS, which would have failed our CAS,
+             * so only a sleeper bit we saw can be pending; wake it anyway. */
+            if (s & ST_SLEEPERS)
+                futex_wake_all(&hd->state);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- observers */
+
+struct shl_observer {
+    const struct shl_header *hdr;   /* mapped PROT_READ: never written */
+    const struct shl_slot *slots;
+    size_t map_size;
+    uint32_t max;                   /* validated private copy */
+};
+
+int shl_observe_open(const char *name, shl_observer **out)
+{
+    char path[SHL_NAME_MAX + 32];
+    *out = NULL;
+    if (!valid_name(name))
+        return SHL_EINVAL;
+    snprintf(path, sizeof path, "/pyshmlock.%s", name);
+    int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return SHL_ESYS;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return SHL_ESYS;
+    }
+    /* An observer does not wait for a creator: an empty segment is reported
+     * at once (a creator sets the size before it writes a byte). */
+    if (st.st_size == 0) {
+        close(fd);
+        return SHL_EINIT;
+    }
+    if ((size_t)st.st_size < sizeof(struct shl_header)) {
+        close(fd);
+        return SHL_EFOREIGN;
+    }
+    size_t len = (size_t)st.st_size;
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        errno = e;
+        return SHL_ESYS;
+    }
+    const struct shl_header *hd = p;
+    uint32_t max = 0;
+    int r;
+    /* acquire: pairs with init_segment's release store of READY. */
+    if (atomic_load_explicit(&hd->ready, memory_order_acquire) != SHL_READY)
+        r = (hd->magic != 0 && hd->magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
+    else
+        r = validate_header(hd, len, &max);
+    shl_observer *o = r == SHL_OK ? calloc(1, sizeof *o) : NULL;
+    if (r == SHL_OK && !o) {
+        errno = ENOMEM;
+        r = SHL_ESYS;
+    }
+    if (r != SHL_OK) {
+        munmap(p, len);
+        return r;
+    }
+    o->hdr = hd;
+    o->slots = (const struct shl_slot *)(hd + 1);
+    o->map_size = len;
+    o->max = max;
+    *out = o;
+    return SHL_OK;
+}
+
+void shl_observe_close(shl_observer *o)
+{
+    if (o == NULL)
+        return;
+    munmap((void *)o->hdr, o->map_size);
+    free(o);
+}
+
+int shl_observe_info(shl_observer *o, shl_snapshot *out)
+{
+    if (o == NULL)
+        return SHL_ECLOSED;
+    const struct shl_header *hd = o->hdr;
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    uint32_t own = owner_of(s);
+    /* The same bounds check as owner_index, against our private max. */
+    if (own > o->max || (own == 0 && (s & (ST_UPDATE | ST_GRANTED))))
+        return SHL_ECORRUPT;
+    int32_t ix = (int32_t)own - 1;
+    memset(out, 0, sizeof *out);
+    out->state = s;
+    out->paused = (s & ST_PAUSED) != 0;
+    out->exclusive_slot = ix;
+    out->exclusive_kind = ix < 0 ? 0 : (s & ST_UPDATE) ? SHL_KIND_UPDATE : SHL_KIND_WRITE;
+    out->exclusive_granted = (s & ST_GRANTED) != 0;
+    out->exclusive_pid = ix < 0 ? 0 : atomic_load_explicit(&o->slots[ix].pid, memory_order_relaxed);
+    out->epoch = ST_EPOCH(s);
+    out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
+    out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);
+    out->paused_at_ns = atomic_load_explicit(&hd->paused_at_ns, memory_order_relaxed);
+    out->data_suspect = (atomic_load_explicit(&hd->flags, memory_order_relaxed) &
+                         FLAG_DATA_SUSPECT) != 0;
+    out->max_processes = o->max;
+    out->recovery_count = atomic_load_explicit(&hd->recovery_count, memory_order_relaxed);
+    out->creator_pid = hd->creator_pid;
+    out->self_slot = -1;
+    return SHL_OK;
+}
+
+/* Is the owner of this slot alive, judged from the mutex bytes alone?  The
+ * kernel's robust-futex ABI keeps the owner's TID in the futex word while it
+ * lives and, when it dies, replaces it with FUTEX_OWNER_DIED (before the
+ * process becomes a zombie).  A process probing the slot holds it for a few
+ * instructions, which reads as alive: an observer may call a dead owner
+ * alive for that instant, never a live one dead. */
+static int observed_alive(const struct shl_slot *sl)
+{
+#ifdef __GLIBC__
+    pthread_mutex_t *m = (pthread_mutex_t *)&sl->owner;   /* only read below */
+    if (!slot_mutex_sane(m))
+        return 1;   /* not one of our mutexes: never called dead */
+    uint32_t w = __atomic_load_n(mutex_word(m), __ATOMIC_ACQUIRE);
+    return (w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED);
+#else
+    (void)sl;
+    return 1;
+#endif
+}
+
+int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
+{
+    if (o == NULL)
+        return SHL_ECLOSED;
+    if (index >= o->max)
+        return SHL_EINVAL;
+    const struct shl_slot *sl = &o->slots[index];
+    memset(out, 0, sizeof *out);
+    out->pid = atomic_load_explicit(&sl->pid, memory_order_relaxed);
+    out->readers = atomic_load_explicit(&sl->readers, memory_order_relaxed);
+    out->owed = atomic_load_explicit(&sl->rwait[0], memory_order_relaxed) +
+                atomic_load_explicit(&sl->rwait[1], memory_order_relaxed);
+    out->waiting = atomic_load_explicit(&sl->waiting, memory_order_relaxed);
+    if (out->pid == 0 && out->readers == 0 && out->owed == 0)
+        return SHL_OK;   /* free */
+    out->pidns = atomic_load_explicit(&sl->pidns, memory_order_relaxed);
+    out->alive = observed_alive(sl);
+    return SHL_OK;
+}
+
+int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *out)
+{
+    if (o == NULL)
+        return SHL_ECLOSED;
+    if (index >= SHL_RECOVERY_LOG)
+        return SHL_EINVAL;
+    const struct shl_recovery_entry *e = &o->hdr->recoveries[index];
+    out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
+    out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
+    out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
+    out->owed = __atomic_load_n(&e->owed, __ATOMIC_RELAXED);
+    out->when_ns = __atomic_load_n(&e->when_ns, __ATOMIC_RELAXED);
+    return SHL_OK;
+}

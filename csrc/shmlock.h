@@ -111,6 +111,7 @@ typedef struct shl_recovery_record {
 #define SHL_LOST_CLAIM    4u     /* an exclusive claim still waiting for readers */
 #define SHL_LOST_READS    8u
 #define SHL_LOST_WAITERS 16u     /* owed-reader registrations */
+#define SHL_LOST_PAUSE   32u     /* a stale pause, cleared by an opener (stale policy "reset") */
 #define SHL_RECOVERY_LOG 16
 
 /* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE so
@@ -182,5 +183,30 @@ int shl_info(shl_lock *h, shl_snapshot *out);
 int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out);
 int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out);
 uint32_t shl_load_state(shl_lock *h);
+
+/* Stale segment.  A segment is stale when it is paused, no process other
+ * than the caller is attached (dead slots are reclaimed on the way), and the
+ * process that paused it is gone.  The caller (who has just opened h) says
+ * which pid paused it and that this pid no longer runs (Python checks that
+ * through /proc); the pause is then cleared with one CAS from the exact state
+ * word observed before the scan, so any change meanwhile (a claim, a sleeper,
+ * a resume) cancels the reset.  Returns 1 reset (recorded in the recovery
+ * log as SHL_LOST_PAUSE), 0 not stale (or not paused by dead_pauser), <0.
+ * docs/DESIGN.md, "Stale segments", argues the race with other openers. */
+int shl_reset_stale(shl_lock *h, uint32_t dead_pauser);
+
+/* Observation without attaching: a read-only mapping (O_RDONLY, PROT_READ)
+ * that needs only read permission, takes no slot, and never writes.  Slot
+ * liveness is read from the robust mutex's futex word (owner TID, and the
+ * kernel's FUTEX_OWNER_DIED bit); dead processes are reported, never
+ * reclaimed.  An empty (not yet initialised) segment is SHL_EINIT at once. */
+typedef struct shl_observer shl_observer;
+int shl_observe_open(const char *name, shl_observer **out);
+void shl_observe_close(shl_observer *o);
+int shl_observe_info(shl_observer *o, shl_snapshot *out);
+/* out->alive: 1 live (or a mutex we cannot read: never called dead),
+ * 0 free or dead; a dead slot keeps its pid and counts until reclaimed. */
+int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out);
+int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *out);
 
 #endif

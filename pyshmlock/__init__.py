@@ -31,12 +31,12 @@ from .errors import (  # noqa: E402
     WouldDeadlockError,
 )
 from .aio import AsyncRWLock  # noqa: E402
-from .lock import AttachedProcess, LockInfo, Recovery, RWLock, unlink  # noqa: E402
+from .lock import AttachedProcess, LockInfo, Recovery, RWLock, inspect, unlink  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink",
+    "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "inspect",
     "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
     "CorruptSegmentError", "SegmentSizeError", "UninitializedSegmentError", "TooManyProcessesError",
     "NotHeldError", "WouldDeadlockError", "LockInUseError",

@@ -206,12 +206,16 @@ class AsyncRWLock:
     names of SGLang's in-process ``RWLock`` (``acquire_reader`` ...), so a
     tokenizer worker can swap its ``model_update_lock`` and its
     ``is_pause``/``is_pause_cond`` pair for one shared object.
+
+    ``stale`` is RWLock's stale-segment policy: ``"reset"`` (default) clears a
+    pause left by processes that are all gone, ``"keep"`` keeps it.
     """
 
     def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
-                 max_processes: int = 256, group: Any = None) -> None:
+                 max_processes: int = 256, group: Any = None,
+                 stale: str = "reset") -> None:
         self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes,
-                            group=group)
+                            group=group, stale=stale)
         self.name = name
         #: ``async with lock.reader_lock:`` holds a read for the block.
         self.reader_lock = self._hold(lib.SHL_KIND_READ, None)

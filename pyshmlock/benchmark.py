@@ -660,7 +660,7 @@ def run(quick: bool = False, out: Callable[[str], None] = print) -> Dict[str, An
     return res
 
 
-def format_report(res: Dict[str, Any]) -> str:
+def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
     """The results as one table: section, case, figure, ratio to pyshmlock."""
     rows: List[Tuple[str, str, str, str]] = []
     rt = res.get("read_throughput", {})
@@ -695,15 +695,13 @@ def format_report(res: Dict[str, Any]) -> str:
         ratio = f"{r['median_us'] / base:.1f}x pyshmlock writer" if base else "-"
         rows.append(("kill-to-recovery", key, f"median {r['median_us']:.0f} us, "
                      f"max {r['max_us']:.0f} us", ratio))
+    from ._table import format_table
     head = ("section", "case", "figure", "ratio")
-    widths = [max(len(x[i]) for x in [head] + rows) for i in range(4)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    lines = [fmt.format(*head), "  ".join("-" * w for w in widths)]
-    last = None
+    grouped, last = [], None
     for r in rows:
-        lines.append(fmt.format(r[0] if r[0] != last else "", *r[1:]))
+        grouped.append((r[0] if r[0] != last else "",) + tuple(r[1:]))
         last = r[0]
-    return "\n".join(lines)
+    return format_table(head, grouped, width)
 
 
 def save_chart(res: Dict[str, Any], path: str) -> bool:

@@ -11,6 +11,12 @@
 
 Expected failures (missing lock, permission denied, timeout, lock in use)
 print one line on stderr and exit non-zero, without a traceback.
+
+`ls`, `status` and `watch` only observe: they map the segment read-only
+(read permission is enough), take no process slot (they work on a lock whose
+slots are all taken) and never appear among the attached processes.
+`pause` and `resume` attach with the stale policy "keep": an operator's tool
+never clears a pause implicitly.
 """
 import argparse
 import datetime
@@ -20,17 +26,67 @@ import sys
 import time
 from typing import List, Optional
 
-from .errors import PyshmlockError
-from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, unlink
+import math
+
+from .errors import LockInUseError, PyshmlockError, UninitializedSegmentError
+from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, inspect, unlink
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE = 0, 1, 3, 2
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports Ctrl-C
+
+EXIT_CODES = """exit codes:
+  0      success
+  1      error: no such lock, permission denied, lock in use, a segment that
+         is not a usable lock, a failed demo scenario, a removed lock (watch)
+  2      usage: bad command line
+  3      timeout: `resume` found the pause still pinned by an update hold
+  128+N  `demo` stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP"""
+
+NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
+             "/dev/shm/pyshmlock.NAME (see `pyshmlock ls`)")
 
 
 def _open(name: str) -> RWLock:
     try:
-        return RWLock(name, create=False)
+        return RWLock(name, create=False, stale="keep")
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host (see `pyshmlock ls`)") from None
+
+
+def _inspect(name: str) -> LockInfo:
+    try:
+        return inspect(name)
+    except FileNotFoundError:
+        raise _Fail(f"no lock named {name!r} on this host (see `pyshmlock ls`)") from None
+
+
+def _seconds(text: str) -> float:
+    """argparse type: a finite or infinite number of seconds >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if math.isnan(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, not {text!r}")
+    return v
+
+
+def _interval(text: str) -> float:
+    v = _seconds(text)
+    if v <= 0 or math.isinf(v):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, "
+                                         f"not {text!r}")
+    return v
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {text!r}")
+    return v
 
 
 class _Fail(Exception):
@@ -46,30 +102,51 @@ def _when(ts: Optional[float]) -> str:
     return f"{dt:%Y-%m-%d %H:%M:%S} ({time.time() - ts:.1f} s ago)"
 
 
+def _pauser(info: LockInfo) -> str:
+    pid = info.paused_by_pid
+    if not pid:
+        return "an unknown pid"
+    if pid in info.attached_pids:
+        return f"pid {pid} (attached)"
+    if info.paused_by_alive:
+        return f"pid {pid} (running, not attached)"
+    return f"pid {pid} (exited)"
+
+
 def format_status(info: LockInfo) -> str:
     """The human-readable form of a LockInfo."""
+    dead = set(info.dead_pids)
+
+    def who(pid: int) -> str:
+        return f"pid {pid}{' (dead)' if pid in dead else ''}"
+
     lines = [f"lock {info.name}"]
     if info.paused:
-        lines.append(f"  paused        yes, by pid {info.paused_by_pid or '?'} since "
-                     f"{_when(info.paused_at)}")
+        lines.append(f"  paused        yes, by {_pauser(info)} since {_when(info.paused_at)}")
     else:
         lines.append("  paused        no")
     if info.writer_pid or info.updater_pid:
         kind = "write" if info.writer_pid else "update"
         pid = info.writer_pid or info.updater_pid
         state = "held" if info.exclusive_granted else "claimed, waiting for readers"
-        lines.append(f"  exclusive     {kind} by pid {pid} ({state})")
+        lines.append(f"  exclusive     {kind} by {who(pid)} ({state})")
     else:
         lines.append("  exclusive     none")
-    reads = ", ".join(f"pid {p}: {n}" for p, n in sorted(info.readers.items())) or "none"
+    reads = ", ".join(f"{who(p)}: {n}" for p, n in sorted(info.readers.items())) or "none"
     lines.append(f"  read holds    {reads}")
     waits = ", ".join(f"pid {p}: {n}" for p, n in sorted(info.waiters.items())) or "none"
     lines.append(f"  waiting       {waits}")
     if info.queued_readers:
-        q = ", ".join(f"pid {p}: {n}" for p, n in sorted(info.queued_readers.items()))
+        q = ", ".join(f"{who(p)}: {n}" for p, n in sorted(info.queued_readers.items()))
         lines.append(f"  queued reads  {q}")
     lines.append(f"  attached      {len(info.attached_pids)} of {info.max_processes} "
                  f"process slots ({', '.join(map(str, info.attached_pids))})")
+    if info.dead_pids:
+        lines.append(f"  died attached {', '.join(map(str, info.dead_pids))} (their holds "
+                     "count until an attached process reclaims them)")
+    if info.stale:
+        lines.append("  STALE         every process that used it is gone; the next opener "
+                     "with stale='reset' (the default) clears the pause")
     lines.append(f"  epoch         {info.epoch}   pauses so far: {info.pause_count}")
     if info.data_suspect:
         lines.append("  DATA SUSPECT  an exclusive holder died mid-update; cleared by the "
@@ -99,22 +176,22 @@ def cmd_ls(args: argparse.Namespace) -> int:
     print(f"{'NAME':40} {'PAUSED':7} {'EXCLUSIVE':18} {'READS':6} ATTACHED")
     for name in names:
         try:
-            with RWLock(name, create=False) as lk:
-                i = lk.info()
+            i = inspect(name)
+        except FileNotFoundError:
+            continue      # removed since the listing
         except (PyshmlockError, OSError) as e:
             print(f"{name:40} (unreadable: {e})")
             continue
         ex = (f"write pid {i.writer_pid}" if i.writer_pid else
               f"update pid {i.updater_pid}" if i.updater_pid else "-")
-        others = [p for p in i.processes if not p.is_self]
         print(f"{name:40} {'yes' if i.paused else 'no':7} {ex:18} "
-              f"{sum(i.readers.values()):<6} {len(others)}")
+              f"{sum(i.readers.values()):<6} {len(i.attached_pids)}"
+              f"{' (stale)' if i.stale else ''}")
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
-        info = lk.info()
+    info = _inspect(args.name)
     if args.json:
         print(json.dumps(info.to_dict(), indent=2, sort_keys=True))
     else:
@@ -122,17 +199,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _segment_id(name: str) -> Optional[tuple]:
+    try:
+        st = os.stat(os.path.join(SHM_DIR, SHM_PREFIX + name))
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def cmd_watch(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
-        try:
-            for _ in range(args.count) if args.count else iter(int, 1):
-                text = format_status(lk.info())
-                if sys.stdout.isatty():
-                    sys.stdout.write("\x1b[H\x1b[2J")
-                print(f"{text}\n  (every {args.interval} s; Ctrl-C to stop)", flush=True)
-                time.sleep(args.interval)
-        except KeyboardInterrupt:
-            pass
+    first = _segment_id(args.name)
+    _inspect(args.name)                      # a clear error if it is not there
+    try:
+        for _ in range(args.count) if args.count else iter(int, 1):
+            # The segment watched is the one present at the start: a removed
+            # (or removed and re-created) lock ends the watch.
+            if _segment_id(args.name) != first:
+                raise _Fail(f"lock {args.name!r} was removed"
+                            f"{' (a new lock of that name exists now)' if _segment_id(args.name) else ''}")
+            try:
+                text = format_status(inspect(args.name))
+            except FileNotFoundError:
+                raise _Fail(f"lock {args.name!r} was removed") from None
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(f"{text}\n  (every {args.interval} s; Ctrl-C to stop)", flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
     return EXIT_OK
 
 
@@ -153,11 +247,50 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
+    name = args.name
     try:
-        unlink(args.name, force=args.force)
+        info: Optional[LockInfo] = inspect(name)
     except FileNotFoundError:
-        raise _Fail(f"no lock named {args.name!r} on this host") from None
-    print(f"{args.name}: removed")
+        raise _Fail(f"no lock named {name!r} on this host") from None
+    except UninitializedSegmentError:
+        if not args.force:
+            raise _Fail(f"lock {name!r} was never initialised (its creator died?); "
+                        f"`pyshmlock rm --force {name}` removes it") from None
+        info = None
+    except (PyshmlockError, OSError):
+        if not args.force:
+            raise
+        info = None
+    others = [p for p in info.attached_pids if p != os.getpid()] if info else []
+    pids = ", ".join(map(str, others))
+    if others and not args.force:
+        raise _Fail(f"lock {name!r}: {len(others)} live process(es) attached (pid {pids}); "
+                    f"`pyshmlock rm --force {name}` removes it anyway")
+    if info and others:
+        what = []
+        if info.paused:
+            what.append(f"paused by {_pauser(info)}")
+        if info.writer_pid or info.updater_pid:
+            what.append(f"{'write' if info.writer_pid else 'update'}-held by pid "
+                        f"{info.writer_pid or info.updater_pid}")
+        if info.readers:
+            what.append("read-held by pid " + ", ".join(map(str, sorted(info.readers))))
+        if what:
+            msg = (f"lock {name!r} is {' and '.join(what)}, with {len(others)} live "
+                   f"process(es) attached (pid {pids}). Removing it splits the lock: they "
+                   "keep the old one, while every new opener gets a fresh, unpaused, "
+                   "unheld lock of that name.")
+            if not args.confirm_split:
+                raise _Fail(msg + " Add --confirm-split to remove it anyway.")
+            print(f"pyshmlock: warning: {msg}", file=sys.stderr)
+    try:
+        unlink(name, force=args.force)
+    except FileNotFoundError:
+        raise _Fail(f"no lock named {name!r} on this host") from None
+    except LockInUseError:
+        raise _Fail(f"lock {name!r}: live processes attached; "
+                    f"`pyshmlock rm --force {name}` removes it anyway") from None
+    print(f"{name}: removed")
     return EXIT_OK
 
 
@@ -169,46 +302,71 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     try:
-        from .demo import run_demo
+        from .demo import Stopped, run_demo
     except ImportError as e:
         raise _Fail(f"the demo needs {e.name}: pip install 'pyshmlock[demo]'") from None
-    ok = run_demo(workers=args.workers, backend=args.backend, requests=args.requests,
-                  cycles=args.cycles, keep_running=args.keep_running)
+    try:
+        ok = run_demo(workers=args.workers, backend=args.backend, requests=args.requests,
+                      cycles=args.cycles, keep_running=args.keep_running)
+    except KeyboardInterrupt:
+        print("pyshmlock demo: interrupted; every child stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Stopped as e:
+        print(f"pyshmlock demo: {e}; every child stopped", file=sys.stderr)
+        return 128 + e.signum
     return EXIT_OK if ok else EXIT_ERROR
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pyshmlock",
+    from . import __version__
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = argparse.ArgumentParser(prog="pyshmlock", formatter_class=fmt, epilog=EXIT_CODES,
                                 description="Inspect and drive pyshmlock locks on this host.")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("ls", help="list locks on this host").set_defaults(fn=cmd_ls)
-    s = sub.add_parser("status", help="show who pauses, holds and waits")
-    s.add_argument("name")
+    p.add_argument("--version", action="version", version=f"pyshmlock {__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                              formatter_class=fmt, epilog=EXIT_CODES)
+
+    command("ls", "list locks on this host (observes only)").set_defaults(fn=cmd_ls)
+    s = command("status", "show who pauses, holds and waits (observes only)")
+    s.add_argument("name", help=NAME_HELP)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_status)
-    s = sub.add_parser("watch", help="status, refreshed live")
-    s.add_argument("name")
-    s.add_argument("--interval", type=float, default=0.5)
-    s.add_argument("--count", type=int, default=0, help="stop after N refreshes (0: never)")
+    s = command("watch", "status, refreshed live until Ctrl-C (observes only)")
+    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("--interval", type=_interval, default=0.5, metavar="S",
+                   help="seconds between refreshes, > 0 (default 0.5)")
+    s.add_argument("--count", type=_count, default=0, metavar="N",
+                   help="stop after N refreshes (default 0: never)")
     s.set_defaults(fn=cmd_watch)
-    s = sub.add_parser("pause", help="close the gate (never blocks)")
-    s.add_argument("name")
+    s = command("pause", "close the gate (never blocks); the pause stays after this "
+                         "command exits")
+    s.add_argument("name", help=NAME_HELP)
     s.set_defaults(fn=cmd_pause)
-    s = sub.add_parser("resume", help="open the gate once no update holds it")
-    s.add_argument("name")
-    s.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    s = command("resume", "open the gate once no update holds it")
+    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
+                   help="give up (exit 3) after S seconds; inf waits forever (default 10)")
     s.set_defaults(fn=cmd_resume)
-    s = sub.add_parser("rm", help="remove a lock")
-    s.add_argument("name")
-    s.add_argument("--force", action="store_true", help="even if processes are attached")
+    s = command("rm", "remove a lock; processes still attached keep the old one")
+    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("--force", action="store_true",
+                   help="remove it even if live processes are attached")
+    s.add_argument("--confirm-split", action="store_true",
+                   help="with --force: remove it even while it is paused or held by "
+                        "attached processes (they keep the paused/held old lock, new "
+                        "openers get a fresh one)")
     s.set_defaults(fn=cmd_rm)
-    s = sub.add_parser("bench", help="multi-process benchmarks next to the usual peers")
+    s = command("bench", "multi-process benchmarks next to the usual peers")
     s.add_argument("--quick", action="store_true", help="a run under a minute")
     s.add_argument("--json", default="pyshmlock-bench.json", help="where to write results")
     s.add_argument("--png", default=None, help="also draw a chart (needs matplotlib)")
     s.set_defaults(fn=cmd_bench)
-    s = sub.add_parser("demo", help="an SGLang-shaped multi-worker server, driven through "
-                                     "the pause/update races")
+    s = command("demo", "an SGLang-shaped multi-worker server, driven through "
+                        "the pause/update races")
     s.add_argument("--workers", type=int, default=4, help="tokenizer workers (default 4)")
     s.add_argument("--backend", choices=["shared", "local"], default="shared",
                    help="shared: pyshmlock; local: per-worker flags + broadcast (SGLang today)")

@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for, open_error, untrusted_error
 
-__all__ = ["RWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "SHM_DIR",
-           "SHM_PREFIX"]
+__all__ = ["RWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "inspect",
+           "SHM_DIR", "SHM_PREFIX", "STALE_POLICIES"]
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "pyshmlock."
@@ -46,7 +46,11 @@ _LOST_NAMES = (
     (lib.SHL_LOST_CLAIM, "exclusive claim"),
     (lib.SHL_LOST_READS, "reads"),
     (lib.SHL_LOST_WAITERS, "queued readers"),
+    (lib.SHL_LOST_PAUSE, "pause"),
 )
+
+#: What an opener does with a stale segment (see RWLock, docs/OPERATIONS.md).
+STALE_POLICIES = ("reset", "keep")
 
 
 def check_name(name: Any) -> str:
@@ -67,7 +71,7 @@ def deadline_ns(timeout: Optional[float]) -> int:
     t = float(timeout)
     if math.isnan(t) or t < 0:
         raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
-    if math.isinf(t):
+    if math.isinf(t) or t > 1e9:   # beyond 31 years is forever (and fits int64)
         return -1
     if t == 0:
         return 0
@@ -220,6 +224,14 @@ class LockInfo:
     #: one entry per attached process; ``readers``/``waiters``/
     #: ``queued_readers`` above add up processes that show the same pid
     processes: List[AttachedProcess] = field(default_factory=list)
+    #: Processes that died attached and are not reclaimed yet (only an
+    #: observer sees them: an attached process reclaims them as it looks).
+    dead_pids: List[int] = field(default_factory=list)
+    #: Whether the process that paused still runs (None: not paused).
+    paused_by_alive: Optional[bool] = None
+    #: No live process is attached and the segment holds state left by dead
+    #: ones (a pause whose pauser is gone, holds or claims of dead processes).
+    stale: bool = False
 
     def to_dict(self) -> Dict[str, Any]:
         """The snapshot as plain JSON-serialisable data."""
@@ -321,6 +333,15 @@ class RWLock:
     PermissionError names its owner and mode.  A new segment gets exactly
     ``mode`` and, with ``group``, that group.
 
+    ``stale`` says what this process does when it is the first to attach to a
+    *stale* segment: one that is paused while no other process is attached
+    and the process that paused it no longer runs (every process that used
+    it died, e.g. a server restarted on the same name).  ``"reset"`` (the
+    default, what a restarted server needs) clears that pause, recorded in
+    ``info().recoveries`` as a lost "pause"; ``"keep"`` leaves it (an agent
+    that means its pause to outlive itself, and the ``pyshmlock`` CLI).  A
+    pause that a live process stands behind is never cleared.
+
     Holds belong to the process: any thread of the process that took a hold
     may release it, and a forked child holds nothing.  Every ``acquire_*``
     takes ``timeout`` in seconds: None waits forever, 0 tries once; it
@@ -329,9 +350,11 @@ class RWLock:
     """
 
     def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
-                 max_processes: int = 256, group: Union[None, int, str] = None) -> None:
+                 max_processes: int = 256, group: Union[None, int, str] = None,
+                 stale: str = "reset") -> None:
         check_name(name)
         gid = check_group(group)
+        check_stale(stale)
         if not isinstance(mode, int) or not 0 <= mode <= 0o777:
             raise ValueError(f"mode must be a permission number 0..0o777, not {mode!r}")
         if (not isinstance(max_processes, int) or isinstance(max_processes, bool)
@@ -342,6 +365,12 @@ class RWLock:
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
                                                    gid)
         self._h = self._att.handle
+        if self._att.refs == 1:      # this process's first attachment to the segment
+            try:
+                _apply_stale_policy(self._h, name, stale)
+            except BaseException:
+                _detach(self._att)
+                raise
         #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
         self.reader_lock = _Hold(self, lib.SHL_KIND_READ, None)
         #: ``with lock.writer_lock:`` holds the write lock for the block.
@@ -504,6 +533,10 @@ class RWLock:
         # Slot scanning may have reclaimed a dead holder: re-read the header.
         lib.shl_info(h, snap)
         recoveries = _recoveries(h, snap.recovery_count)
+        pauser_alive = None
+        if snap.paused:
+            pauser_alive = (snap.paused_by_pid in pids or
+                            _pid_running(snap.paused_by_pid, snap.paused_at_ns / 1e9))
         owner = snap.exclusive_pid or None
         kind = snap.exclusive_kind
         return LockInfo(
@@ -525,7 +558,14 @@ class RWLock:
             recoveries=recoveries,
             recovery_count=snap.recovery_count,
             processes=procs,
+            paused_by_alive=pauser_alive,
         )
+
+    @staticmethod
+    def observe(name: str) -> LockInfo:
+        """A snapshot of the lock ``name`` without opening it: the same as
+        :func:`pyshmlock.inspect` (read-only, takes no slot)."""
+        return inspect(name)
 
     # -- lifetime ------------------------------------------------------
 
@@ -605,3 +645,166 @@ def unlink(name: str, force: bool = False) -> None:
         raise untrusted_error(name, None, None, -1, unlinking=True)
     if rc != _OK:
         raise error_for(rc, "unlink", name)
+
+
+# ------------------------------------------------------- stale segments
+
+def check_stale(stale: Any) -> str:
+    """Return ``stale`` if it is a stale-segment policy, else raise ValueError."""
+    if stale not in STALE_POLICIES:
+        raise ValueError(f"stale must be one of {STALE_POLICIES}, not {stale!r}")
+    return stale
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def _pid_running(pid: int, since: Optional[float] = None) -> bool:
+    """Whether process ``pid`` of this PID namespace runs (not a zombie).
+
+    With ``since`` (a time.time() value, e.g. when it paused), a process that
+    started more than a second later is a newer process that reuses the pid,
+    so it does not count.  When /proc cannot tell, the answer is True: the
+    caller then keeps state rather than dropping it.
+    """
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    try:
+        fields = data.rsplit(")", 1)[1].split()
+        if fields[0] in ("Z", "X", "x"):
+            return False
+        if since:
+            start = _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+            if start > since + 1.0:
+                return False
+    except (IndexError, ValueError, OSError):
+        return True
+    return True
+
+
+def _apply_stale_policy(h: Any, name: str, stale: str) -> None:
+    """After this process attached: with "reset", clear a pause that no live
+    process stands behind (every other attached process is dead and the
+    pauser no longer runs).  The C core makes the final decision atomically
+    (shl_reset_stale); this only names the pauser it judged dead."""
+    if stale == "keep":
+        return
+    snap = ffi.new("shl_snapshot *")
+    rc = lib.shl_info(h, snap)
+    if rc != _OK:
+        raise error_for(rc, "open", name)
+    if not snap.paused or not snap.paused_by_pid:
+        return
+    if _pid_running(snap.paused_by_pid, snap.paused_at_ns / 1e9 or None):
+        return
+    rc = lib.shl_reset_stale(h, snap.paused_by_pid)
+    if rc < 0:
+        raise error_for(rc, "open", name)
+
+
+# ----------------------------------------------------------- observation
+
+def inspect(name: str) -> LockInfo:
+    """A snapshot of the lock ``name`` without attaching to it.
+
+    The segment is mapped read-only, so this needs only read permission, takes
+    no process slot (it works when all ``max_processes`` are taken), never
+    lists the caller, and never changes the lock.  Processes that died
+    attached are reported in ``dead_pids`` (their holds still count until an
+    attached process reclaims them).  FileNotFoundError if there is no such
+    lock; UninitializedSegmentError at once for an empty segment.
+    """
+    check_name(name)
+    out = ffi.new("shl_observer **")
+    rc = lib.shl_observe_open(name.encode(), out)
+    if rc != _OK:
+        raise error_for(rc, "inspect", name)
+    o = out[0]
+    try:
+        return _observed_info(o, name)
+    finally:
+        lib.shl_observe_close(o)
+
+
+def _observed_info(o: Any, name: str) -> LockInfo:
+    snap = ffi.new("shl_snapshot *")
+    rc = lib.shl_observe_info(o, snap)
+    if rc != _OK:
+        raise error_for(rc, "inspect", name)
+    readers: Dict[int, int] = {}
+    waiters: Dict[int, int] = {}
+    queued: Dict[int, int] = {}
+    live: List[int] = []
+    dead: List[int] = []
+    procs: List[AttachedProcess] = []
+    slot = ffi.new("shl_slot_snapshot *")
+    for i in range(snap.max_processes):
+        if lib.shl_observe_slot(o, i, slot) != _OK:
+            continue
+        if not (slot.pid or slot.readers or slot.owed):
+            continue                                  # free
+        (live if slot.alive else dead).append(slot.pid)
+        if slot.alive:
+            procs.append(AttachedProcess(
+                pid=slot.pid, pid_namespace=slot.pidns, slot=i, readers=slot.readers,
+                queued_readers=slot.owed, waiting=slot.waiting, is_self=False))
+        if slot.readers:
+            readers[slot.pid] = readers.get(slot.pid, 0) + slot.readers
+        if slot.waiting and slot.alive:
+            waiters[slot.pid] = waiters.get(slot.pid, 0) + slot.waiting
+        if slot.owed:
+            queued[slot.pid] = queued.get(slot.pid, 0) + slot.owed
+    rec = ffi.new("shl_recovery_record *")
+    count = snap.recovery_count
+    recoveries = []
+    for k in range(count - min(count, lib.SHL_RECOVERY_LOG), count):
+        lib.shl_observe_recovery(o, k % lib.SHL_RECOVERY_LOG, rec)
+        lost = tuple(label for bit, label in _LOST_NAMES if rec.what & bit)
+        recoveries.append(Recovery(pid=rec.pid, lost=lost, reads=rec.reads,
+                                   queued_readers=rec.owed, when=rec.when_ns / 1e9))
+    owner = snap.exclusive_pid or None
+    kind = snap.exclusive_kind
+    pauser_alive = None
+    if snap.paused:
+        pauser_alive = (snap.paused_by_pid in live or
+                        _pid_running(snap.paused_by_pid, snap.paused_at_ns / 1e9))
+    owner_dead = owner is not None and owner not in live
+    # A granted exclusive holder that died makes the data suspect already; the
+    # flag itself is set when an attached process reclaims the hold.
+    suspect = bool(snap.data_suspect) or (owner_dead and bool(snap.exclusive_granted))
+    stale = not live and bool((snap.paused and not pauser_alive) or dead or owner_dead)
+    return LockInfo(
+        name=name,
+        paused=bool(snap.paused),
+        paused_by_pid=(snap.paused_by_pid or None) if snap.paused else None,
+        paused_at=(snap.paused_at_ns / 1e9) if snap.paused and snap.paused_at_ns else None,
+        pause_count=snap.pause_count,
+        writer_pid=owner if kind == lib.SHL_KIND_WRITE else None,
+        updater_pid=owner if kind == lib.SHL_KIND_UPDATE else None,
+        exclusive_granted=bool(snap.exclusive_granted),
+        readers=readers,
+        waiters=waiters,
+        queued_readers=queued,
+        attached_pids=sorted(live),
+        epoch=snap.epoch,
+        max_processes=snap.max_processes,
+        data_suspect=suspect,
+        recoveries=recoveries,
+        recovery_count=count,
+        processes=procs,
+        dead_pids=sorted(set(dead) - set(live)),
+        paused_by_alive=pauser_alive,
+        stale=stale,
+    )

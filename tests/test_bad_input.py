@@ -63,6 +63,8 @@ def test_foreign_segment(lock_name):
         f.write(b"not a lock " * 400)
     with pytest.raises(pyshmlock.ForeignSegmentError, match="not a pyshmlock lock"):
         pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.ForeignSegmentError, match="not a pyshmlock lock"):
+        pyshmlock.inspect(lock_name)   # the read-only observer checks the same
     with pytest.raises(pyshmlock.ForeignSegmentError):
         pyshmlock.unlink(lock_name)
     pyshmlock.unlink(lock_name, force=True)
@@ -73,12 +75,16 @@ def test_short_foreign_segment(lock_name):
         f.write(b"tiny")
     with pytest.raises(pyshmlock.ForeignSegmentError):
         pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.ForeignSegmentError):
+        pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 
 
 def test_empty_segment_is_an_unfinished_creation(lock_name):
     open(seg_path(lock_name), "wb").close()   # a creator that died before ftruncate
     with pytest.raises(pyshmlock.UninitializedSegmentError, match="never initialised"):
         pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.UninitializedSegmentError, match="never initialised"):
+        pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 
 
 def test_other_layout_version(lock_name):
@@ -87,6 +93,8 @@ def test_other_layout_version(lock_name):
         f.write(header.ljust(8192, b"\0"))
     with pytest.raises(pyshmlock.LayoutVersionError, match="layout version"):
         pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.LayoutVersionError, match="layout version"):
+        pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 
 
 def _patch_header(name, fmt, offset, value):
@@ -109,6 +117,8 @@ def test_corrupt_header_fields(lock_name, offset, value):
     _patch_header(lock_name, fmt, offset, value)
     with pytest.raises(pyshmlock.CorruptSegmentError):
         pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.CorruptSegmentError):
+        pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 
 
 def test_truncated_segment(lock_name):
@@ -117,6 +127,8 @@ def test_truncated_segment(lock_name):
     os.truncate(seg_path(lock_name), 700)
     with pytest.raises(pyshmlock.SegmentError):
         pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.SegmentError):
+        pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 
 
 def test_corrupt_state_word_while_open(lock, lock_name):
@@ -126,7 +138,8 @@ def test_corrupt_state_word_while_open(lock, lock_name):
         m = mmap.mmap(f.fileno(), 0)
         struct.pack_into("<I", m, 64, 4000)
         for call in (lambda: lock.acquire_read(0), lambda: lock.acquire_write(0),
-                     lambda: lock.acquire_update(0), lock.is_locked, lock.info):
+                     lambda: lock.acquire_update(0), lock.is_locked, lock.info,
+                     lambda: pyshmlock.inspect(lock_name)):
             with pytest.raises(pyshmlock.CorruptSegmentError):
                 call()
         struct.pack_into("<I", m, 64, 0)

@@ -33,7 +33,7 @@ def test_status_pause_resume_rm(lock, lock_name):
     p = run("ls")
     assert lock_name in p.stdout
     p = run("rm", lock_name)
-    assert p.returncode == 1 and "other live process" in p.stderr
+    assert p.returncode == 1 and "1 live process(es) attached" in p.stderr
     lock.release_read()
     assert run("rm", lock_name, "--force").returncode == 0
     assert lock_name not in run("ls").stdout
@@ -71,6 +71,10 @@ def test_status_reports_recoveries(lock, lock_name, children):
     c = children(hold_and_hang, lock_name, "write")
     c.expect("holding")
     c.kill()
+    p = run("status", lock_name)
+    # status only observes: it reports the dead holder, an attached process reclaims
+    assert f"write by pid {c.pid} (dead)" in p.stdout and "DATA SUSPECT" in p.stdout
+    lock.info()
     p = run("status", lock_name)
     assert f"pid {c.pid} died holding write" in p.stdout and "DATA SUSPECT" in p.stdout
     assert pyshmlock.RWLock  # the library and the CLI agree on the same segment

@@ -97,7 +97,7 @@ def test_cli_against_a_running_demo():
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read())["tokens"] == 3
         rm = cli("rm", name)
-        assert rm.returncode == 1 and "other live process" in rm.stderr
+        assert rm.returncode == 1 and "live process(es) attached" in rm.stderr
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -25,3 +25,17 @@ def test_readme_commands_are_the_real_ones():
     assert test_cmd in readme
     assert "pip install '.[demo]' && pyshmlock demo" in readme
     assert 'pyshmlock = "pyshmlock.cli:main"' in read("pyproject.toml")
+
+
+def test_operations_page_exists_and_is_linked():
+    ops = read("docs/OPERATIONS.md")
+    for topic in ("Choosing timeouts", "Data suspect", "A pause left on", "exits 3",
+                  "A stale segment after a restart", "What to alert on"):
+        assert topic.lower() in ops.lower(), topic
+    assert "docs/OPERATIONS.md" in read("README.md")
+
+
+def test_readme_sglang_snippet_names_its_stale_policy():
+    readme = read("README.md")
+    line = next(ln for ln in readme.splitlines() if 'AsyncRWLock(f"sglang-' in ln)
+    assert 'stale="reset"' in line

@@ -45,6 +45,10 @@ def mutate_and_open(q, name, seeds, rounds, seed):
             data[32:36] = original[32:36]
         with open(path, "wb") as f:
             f.write(data)
+        try:     # the read-only observer first, on the untouched bytes
+            pyshmlock.inspect(name)
+        except (pyshmlock.SegmentError, OSError):
+            pass
         try:
             lk = pyshmlock.RWLock(name, create=False)
         except (pyshmlock.SegmentError, pyshmlock.TooManyProcessesError, OSError) as e:

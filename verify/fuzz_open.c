@@ -2,8 +2,9 @@
  * fuzz_open.c - libFuzzer target: arbitrary bytes under a lock's name.
  *
  * Each input becomes the whole content of /dev/shm/pyshmlock.<name>; the core
- * must open it (and then survive info, slot scans, try-acquires and close)
- * or refuse it with an error code.  Built with AddressSanitizer and UBSan
+ * must open it (and then survive info, slot scans, try-acquires, a stale
+ * reset and close) or refuse it with an error code.  The read-only observer
+ * (shl_observe_*) gets the same bytes first, before an opener changes them.  Built with AddressSanitizer and UBSan
  * (`make fuzz`), so any read or write outside the mapping, or any undefined
  * behaviour, is a crash the fuzzer reports.
  */
@@ -30,6 +31,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     close(fd);
 
+    shl_observer *o = NULL;
+    int ro = shl_observe_open(name, &o);
+    if (ro == SHL_OK) {
+        shl_snapshot osnap;
+        if (shl_observe_info(o, &osnap) == SHL_OK) {
+            shl_slot_snapshot slot;
+            for (uint32_t i = 0; i < osnap.max_processes; i++)
+                shl_observe_slot(o, i, &slot);
+        }
+        shl_recovery_record orec;
+        for (uint32_t i = 0; i < SHL_RECOVERY_LOG; i++)
+            shl_observe_recovery(o, i, &orec);
+        shl_observe_close(o);
+    } else if (ro >= 0) {
+        abort();
+    }
+
     shl_lock *h = NULL;
     shl_open_info info;
     int r = shl_open(name, 0, 0600, -1, 0, &h, &info);
@@ -53,6 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             shl_recovery_info(h, i, &rec);
         shl_is_locked(h);
         shl_is_paused(h);
+        if (shl_info(h, &snap) == SHL_OK)
+            shl_reset_stale(h, snap.paused_by_pid);
         if (shl_acquire_read(h, 0) == SHL_OK)
             shl_release_read(h);
         if (shl_acquire_write(h, 0) == SHL_OK)

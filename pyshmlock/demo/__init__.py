@@ -17,14 +17,30 @@ import random
 import signal
 import socket
 import sys
+import textwrap
 import time
 import uuid
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from ..lock import RWLock, unlink
 from .state import CTX, engine_lock_name, new_state
 
 BACKENDS = ("shared", "local")
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP reached the demo's main process: it stops every child,
+    removes its locks and exits 128 + signum (Ctrl-C is KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
 
 
 class Cluster:
@@ -60,7 +76,7 @@ class Cluster:
         from .worker import worker_main
         sched = CTX.Process(target=scheduler_main, name="demo-scheduler", daemon=True,
                             args=(self.name, self.backend, self.state, self.sched_inbox,
-                                  self.outboxes, self.stop))
+                                  self.outboxes, self.stop, os.getpid()))
         sched.start()
         self.procs.append(sched)
         # Fork every worker now (the spare too): forking later, from a process
@@ -69,7 +85,7 @@ class Cluster:
             p = CTX.Process(target=worker_main, name=f"demo-worker-{i}", daemon=True,
                             args=(i, self.name, self.backend, self.state, self.sched_inbox,
                                   self.outboxes, self.controls, self.registered, self.sock,
-                                  self.port_q, self.go[i]))
+                                  self.port_q, self.go[i], os.getpid()))
             p.start()
             self.procs.append(p)
         self.worker_urls = [self._go(i) for i in range(self.n)]
@@ -87,6 +103,9 @@ class Cluster:
         return url
 
     def shutdown(self) -> None:
+        # A second Ctrl-C or SIGTERM must not interrupt the cleanup.
+        for sig in _STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         self.stop.set()
         for p in self.procs[1:]:
             if p.is_alive():
@@ -179,13 +198,12 @@ async def _sync(value: Any) -> Any:
     return value
 
 
-def format_table(rows: List[Row]) -> str:
+def format_table(rows: List[Row], width: Optional[int] = None) -> str:
+    """The final table, wrapped to fit width (default: the terminal, or 100)."""
+    from .._table import format_table as fit
     head = ("scenario", "expected", "observed", "result", "time")
     body = [(r[0], r[1], r[2], "PASS" if r[3] else "FAIL", f"{r[4]:.1f} s") for r in rows]
-    widths = [max(len(str(x[i])) for x in [head] + body) for i in range(5)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    return "\n".join([fmt.format(*head), "  ".join("-" * w for w in widths)] +
-                     [fmt.format(*b) for b in body])
+    return fit(head, body, width)
 
 
 def run_demo(workers: int = 4, backend: str = "shared", requests: int = 16, cycles: int = 1000,
@@ -196,12 +214,26 @@ def run_demo(workers: int = 4, backend: str = "shared", requests: int = 16, cycl
     if workers < 2:
         raise ValueError("the demo needs at least 2 workers")
     t0 = time.monotonic()
+    old = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+    try:
+        return _run_demo(workers, backend, requests, cycles, keep_running, out, t0)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _run_demo(workers: int, backend: str, requests: int, cycles: int, keep_running: bool,
+              out: Callable[[str], None], t0: float) -> bool:
     cluster = Cluster(workers, backend)
     try:
         cluster.start()
         asyncio.run(wait_healthy(cluster.worker_urls))
-        out(f"pyshmlock demo: backend={backend}, {workers} workers on {cluster.shared_url} "
-            f"(lock {cluster.name!r}), scheduler at 100 tokens/s per request\n")
+        from .._table import terminal_width
+        out(textwrap.fill(f"pyshmlock demo: backend={backend}, {workers} workers on "
+                          f"{cluster.shared_url} (lock {cluster.name!r}), scheduler at "
+                          f"100 tokens/s per request", terminal_width(),
+                          subsequent_indent="  ") + "\n")
         rows = asyncio.run(run_scenarios(cluster, requests, cycles, out))
         out("")
         out(format_table(rows))
@@ -223,9 +255,7 @@ def _serve_forever(cluster: Cluster, out: Callable[[str], None]) -> None:
         f"  pyshmlock pause {cluster.name}; pyshmlock resume {cluster.name}\n"
         f"  workers: {' '.join(cluster.worker_urls)}")
     sys.stdout.flush()
-    try:
-        while all(p.is_alive() for p in cluster.procs[:cluster.n + 1]):
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # no second traceback while stopping
+    # Ctrl-C (KeyboardInterrupt) and SIGTERM/SIGHUP (Stopped) end this wait;
+    # the caller's cleanup then stops every child.
+    while all(p.is_alive() for p in cluster.procs[:cluster.n + 1]):
+        time.sleep(0.5)

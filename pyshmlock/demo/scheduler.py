@@ -12,20 +12,42 @@ messages, as SGLang's scheduler does today.
 Each generation step runs under a read hold of the engine lock (see
 state.py), so a weight update can wait out a step in progress.
 """
+import os
 import queue
 import signal
 import time
 from typing import Any, Dict, List
 
-from ..lock import RWLock
-from .state import MODES, SharedState, engine_lock_name
+from ..lock import RWLock, unlink
+from .state import MODES, SharedState, die_with_parent, engine_lock_name
 
 TICK_S = 0.01     # one token per running request every 10 ms
 
 
 def scheduler_main(name: str, backend: str, state: SharedState, inbox: Any,
-                   outboxes: List[Any], stop: Any) -> None:
+                   outboxes: List[Any], stop: Any, parent_pid: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the demo's parent stops us
+    terminated = []
+    if parent_pid and not die_with_parent(parent_pid):
+        terminated.append(1)
+    # SIGTERM arrives when the main process died (die_with_parent): finish
+    # the step, then remove the demo's locks, which the main would have done.
+    signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
+    try:
+        _serve(name, backend, state, inbox, outboxes, stop, terminated)
+    finally:
+        if parent_pid and os.getppid() != parent_pid:
+            # Orphaned: the main process died without cleaning up.  Processes
+            # still attached keep working on the old segments until they exit.
+            for n in (name, engine_lock_name(name)):
+                try:
+                    unlink(n, force=True)
+                except FileNotFoundError:
+                    pass
+
+
+def _serve(name: str, backend: str, state: SharedState, inbox: Any, outboxes: List[Any],
+           stop: Any, terminated: List[int]) -> None:
     engine = RWLock(engine_lock_name(name), create=False)
     lock = RWLock(name, create=False) if backend == "shared" else None
     local_paused, local_mode = False, MODES["in_place"]
@@ -33,7 +55,7 @@ def scheduler_main(name: str, backend: str, state: SharedState, inbox: Any,
     retracted: Dict[str, List[Any]] = {}
     pause_applied = False
     next_tick = time.monotonic()
-    while not stop.is_set():
+    while not stop.is_set() and not terminated:
         # Messages from workers, waiting at most until the next step.
         try:
             msg = inbox.get(timeout=max(0.0, next_tick - time.monotonic()))

@@ -82,3 +82,24 @@ def swap_weights(state: SharedState, seconds: float) -> int:
 
 def new_state() -> Any:
     return SharedState()
+
+
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """In a demo child: have the kernel send SIGTERM to this process when the
+    demo's main process dies, however it dies (SIGKILL, a crash).  The demo
+    forks every child from its main thread, whose exit is what the kernel
+    watches.  SIGTERM and SIGHUP get their default action back (the child
+    inherited the main's handlers).  False if the main already died: the
+    caller stops now."""
+    import ctypes
+    import os
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    return os.getppid() == parent_pid   # else it died before prctl took effect

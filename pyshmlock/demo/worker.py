@@ -17,6 +17,7 @@ local   what SGLang does today (after its fix for multiple tokenizer workers):
 """
 import asyncio
 import itertools
+import json
 import queue
 import threading
 import time
@@ -24,7 +25,8 @@ from typing import Any, Dict, List, Optional
 
 from ..aio import AsyncRWLock
 from ..lock import RWLock
-from .state import MODES, SharedState, engine_lock_name, quiesce, swap_weights
+from .state import (MODES, SharedState, die_with_parent, engine_lock_name, quiesce,
+                    swap_weights)
 
 REQUEST_TIMEOUT = 60.0
 
@@ -281,6 +283,76 @@ class WorkerCore:
         return out
 
 
+MAX_BODY = 64 * 1024    # bytes; every endpoint takes a tiny JSON object
+
+
+class JSONBodies:
+    """ASGI middleware: every request body is a JSON object, whatever its
+    content-type says.
+
+    `curl -d '{"max_tokens": 5}'` (the demo's own hint) sends
+    application/x-www-form-urlencoded, and FastAPI would ignore such a body
+    and use the defaults.  Here a body that parses as a JSON object is passed
+    on as application/json; one that does not is 400 (not JSON) or 422 (JSON,
+    not an object); more than MAX_BODY bytes is 413.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > MAX_BODY:
+            await _reply(send, 413, f"the body is limited to {MAX_BODY} bytes")
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body += msg.get("body", b"")
+            if len(body) > MAX_BODY:
+                await _reply(send, 413, f"the body is limited to {MAX_BODY} bytes")
+                return
+            if not msg.get("more_body", False):
+                break
+        ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if body.strip() and ctype != b"application/json":
+            try:
+                parsed = json.loads(body)
+            except ValueError:
+                await _reply(send, 400, 'the body must be a JSON object, e.g. {"max_tokens": 5}')
+                return
+            if not isinstance(parsed, dict):
+                await _reply(send, 422, "the body must be a JSON object")
+                return
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope["headers"].append((b"content-type", b"application/json"))
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _reply(send: Any, status: int, detail: str) -> None:
+    data = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
 def build_app(core: WorkerCore) -> Any:
     """The FastAPI application of one worker."""
     from contextlib import asynccontextmanager
@@ -294,6 +366,7 @@ def build_app(core: WorkerCore) -> Any:
         core.closing.set()
 
     app = FastAPI(title="pyshmlock demo worker", lifespan=lifespan)
+    app.add_middleware(JSONBodies)
 
     @app.post("/generate")
     async def generate(max_tokens: int = Body(20, embed=True)) -> Dict[str, Any]:
@@ -330,11 +403,13 @@ def build_app(core: WorkerCore) -> Any:
 
 def worker_main(index: int, name: str, backend: str, state: SharedState, sched_inbox: Any,
                 outboxes: List[Any], controls: List[Any], registered: Any, shared_sock: Any,
-                port_q: Any, go: Any) -> None:
+                port_q: Any, go: Any, parent_pid: int = 0) -> None:
     """Process entry point: wait for `go`, then serve both sockets until SIGTERM."""
     import socket
 
     import uvicorn
+    if parent_pid and not die_with_parent(parent_pid):   # SIGTERM if the demo dies
+        return
     if not go.wait(300):
         return
     own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

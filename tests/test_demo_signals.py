@@ -1,0 +1,96 @@
+"""Issue 13, item 3: stopping the real `pyshmlock demo --keep-running` by a
+signal to its main process (or killing it outright) stops every child and
+leaves nothing in /dev/shm."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.timeout(200)
+
+
+def _children(pid):
+    """Pids whose parent is pid (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _start_demo(errfile):
+    # stderr to a file: orphaned children would hold a pipe open forever.
+    proc = subprocess.Popen([sys.executable, "-m", "pyshmlock", "demo", "--workers", "2",
+                             "--requests", "4", "--cycles", "10", "--keep-running"],
+                            stdout=subprocess.PIPE, stderr=errfile, text=True, cwd="/")
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("  workers:"):
+            break
+    text = "".join(lines)
+    m = re.search(r"pyshmlock status (\S+)", text)
+    assert m, text
+    return proc, m.group(1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_signal_to_the_demo_stops_every_child(sig, tmp_path):
+    err = open(tmp_path / "stderr", "w+")
+    proc, name = _start_demo(err)
+    kids = []
+    try:
+        kids = _children(proc.pid)
+        assert len(kids) >= 3, kids           # scheduler + 2 workers + the spare
+        proc.send_signal(sig)
+        rc = proc.wait(30)
+        assert rc == (-sig if sig == signal.SIGKILL else 128 + sig), rc
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            left = [k for k in kids if _running(k)]
+            shm = [f for f in os.listdir("/dev/shm") if name in f]
+            if not left and not shm:
+                break
+            time.sleep(0.1)
+        assert not left, f"children still running after {signal.Signals(sig).name}: {left}"
+        err.seek(0)
+        assert not shm, f"left in /dev/shm: {shm}; stderr: {err.read()}"
+        if sig != signal.SIGKILL:
+            err.seek(0)
+            assert "Traceback" not in err.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        for k in kids:
+            if _running(k):
+                os.kill(k, signal.SIGKILL)
+        for f in os.listdir("/dev/shm"):
+            if name in f:
+                os.unlink(os.path.join("/dev/shm", f))
+        proc.stdout.close()
+        err.close()
