@@ -227,6 +227,11 @@ static int k_started, k_op, k_result;
 static uint64_t k_req, k_done;
 static pthread_mutex_t *k_target;
 
+/* Serialises taking a slot (ensure_attached).  Process-private too, so it
+ * is reset in a forked child like the keeper's mutexes: a thread that held
+ * it at fork() does not exist in the child. */
+static pthread_mutex_t g_reattach_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static _Atomic uint64_t g_fork_gen;
 static _Atomic int g_have_waitv = 1;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -293,9 +298,10 @@ static int keeper_call(int op, pthread_mutex_t *m)
     return r;
 }
 
-/* In a forked child only the forking thread exists: no keeper, and the
- * keeper's private mutexes may be in any state.  Start afresh; handles
- * notice the new fork generation and take a slot of their own. */
+/* In a forked child only the forking thread exists: no keeper, and every
+ * process-private mutex of the core (k_call_mu, k_mu, k_cv, g_reattach_mu)
+ * may be held by a thread that is gone.  Start afresh; handles notice the
+ * new fork generation and take a slot of their own. */
 static void after_fork_in_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
@@ -303,6 +309,7 @@ static void after_fork_in_child(void)
     k_call_mu = fresh;
     k_mu = fresh;
     k_cv = fresh_cv;
+    g_reattach_mu = fresh;
     k_started = 0;
     k_req = k_done = 0;
     atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
@@ -514,16 +521,15 @@ static int ensure_attached(shl_lock *h)
         return SHL_OK;
     if (h == NULL)
         return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
-    static pthread_mutex_t reattach_mu = PTHREAD_MUTEX_INITIALIZER;
     int r = SHL_OK;
-    pthread_mutex_lock(&reattach_mu);
+    pthread_mutex_lock(&g_reattach_mu);
     if (h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
         h->self = -1;
         r = attach_slot(h);
     }
-    pthread_mutex_unlock(&reattach_mu);
+    pthread_mutex_unlock(&g_reattach_mu);
     return r;
 }
 
@@ -585,9 +591,17 @@ static int try_read(shl_lock *h, shl_waiter *w)
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
     if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0, 1))
         goto granted;
-    /* Owed reader: queued behind an earlier phase, and the current claim
-     * came later and is still waiting for readers. */
-    if (!(s & (ST_PAUSED | ST_GRANTED)) && w->registered && ST_EPOCH(s) != w->my_epoch)
+    /* Owed reader: the current claim is still waiting for readers, and
+     * either it waits for us (we are registered under the parity it counts,
+     * (epoch - 1) & 1; see drain_for_exclusive) or it came later than the
+     * phase we queued behind.  The first test alone decides liveness: a
+     * claim that waits for us always lets us in, so no epoch value, however
+     * often the 15-bit epoch wrapped during our wait, can make it wait for a
+     * reader that refuses to enter.  The epoch comparison alone could (a
+     * wrap makes a later claim look like ours).  The second test only lets
+     * us in sooner. */
+    if (!(s & (ST_PAUSED | ST_GRANTED)) && w->registered &&
+        ((w->registered & (1u << ((ST_EPOCH(s) - 1u) & 1u))) || ST_EPOCH(s) != w->my_epoch))
         goto granted;
 
     if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */

@@ -58,6 +58,15 @@ def two_by(ops: int, deaths: int = 0) -> Tuple[str, ...]:
     return ("NP=2", f"OPS={ops}", f"MAXDEATHS={deaths}")
 
 
+def wrap(kind: str = W) -> Tuple[str, ...]:
+    """A reader waits while a writer makes 4 claims and a third process
+    pauses and resumes, with a 1-bit epoch: the epoch wraps around during
+    the reader's wait (the reader requeues behind a claim granted under the
+    pause, two claims later the epoch is the reader's again)."""
+    return ("NP=3", "OPS=1", "OPS0=1", "OPS1=4", "OPS2=1", "MAXDEATHS=0", "EPOCH_BITS=1",
+            f"KIND0={R}", f"KIND1={kind}", f"KIND2={P}")
+
+
 def free3_victim(v: int, kind: str) -> Tuple[str, ...]:
     """3 processes, free choice, except that process v runs `kind` and may
     be SIGKILLed at any step."""
@@ -74,6 +83,7 @@ CONFIGS = [
     # an `unless` escape, which SPIN cannot vouch for under reduction
     Config("2 processes x 1 op, SIGKILL, no reduction", TWO_DEATH, reduce=False),
     Config("3 processes: read, update, pause+resume", fixed(R, U, P)),
+    Config("epoch wraps in a reader's wait: read, 4 writes, pause", wrap(), quick=False),
     Config("2 processes x 2 ops", two_by(2), quick=False),
     Config("2 processes x 2 ops, waits may time out", two_by(2) + ("TIMEOUTS",), quick=False),
     Config("2 processes x 3 ops", two_by(3), quick=False),
@@ -132,6 +142,10 @@ MUTANTS: Dict[str, Mutant] = {
     "REQUEUE_MOVES": Mutant(fixed(W, W, R, ops=2),
                             "the first READ_REQUEUE, found by this model: moving the "
                             "registration to a stale epoch lets a third phase pass"),
+    "WRAP_REFUSES": Mutant(wrap(),
+                           "owed reader enters only a claim of an epoch other than its "
+                           "own: after a wrap the claim that waits for it has its epoch "
+                           "(deadlock)"),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "

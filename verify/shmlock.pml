@@ -31,7 +31,12 @@
 #define MAXDEATHS 1
 #endif
 
-/* The state word, bit for bit as in shmlock.c, with a 2-bit epoch. */
+/* The state word, bit for bit as in shmlock.c, with an EPOCH_BITS-bit epoch
+ * (C: 15 bits).  EPOCH_BITS=1 lets a few claims wrap the epoch around
+ * while one reader waits, which 15 bits do after 32,768 claims. */
+#ifndef EPOCH_BITS
+#define EPOCH_BITS 2
+#endif
 #define OWNER_MASK 3
 #define UPDATE     4
 #define GRANTED    8
@@ -39,7 +44,7 @@
 #define SLEEPERS   32
 #define DRAINERS   64
 #define EPOCH_ONE  128
-#define EPOCH_MASK 384
+#define EPOCH_MASK (((1 << EPOCH_BITS) - 1) * EPOCH_ONE)
 #define EPOCH(s)   (((s) & EPOCH_MASK) / EPOCH_ONE)
 #define OWNER(s)   ((s) & OWNER_MASK)
 #define CLAIM_BITS (OWNER_MASK | UPDATE | GRANTED)
@@ -49,6 +54,13 @@
 #define GATE_OPEN(s) (!((s) & PAUSED) && OWNER(s) == 0)
 #else
 #define GATE_OPEN(s) (OWNER(s) == 0)
+#endif
+
+/* Operations per process: OPS, or OPS0/OPS1/OPS2 for each process. */
+#ifdef OPS0
+#define OPS_OF(p)  (p == 0 -> OPS0 : (p == 1 -> OPS1 : OPS2))
+#else
+#define OPS_OF(p)  OPS
 #endif
 
 #define KIND_NONE   0
@@ -321,10 +333,17 @@ inline acquire_read() {
            s = st;
            if
            :: GATE_OPEN(s) ||
-#ifndef MUTANT_DRAIN_ADMITS_ALL
+#if defined(MUTANT_DRAIN_ADMITS_ALL)
+              !(s & (PAUSED | GRANTED)) ->     /* the bug: any reader enters a drain */
+#elif defined(MUTANT_WRAP_REFUSES)
+              /* the bug: enter only a claim of another epoch; after a wrap
+               * the claim that waits for us has our epoch again */
               (!(s & (PAUSED | GRANTED)) && registered && EPOCH(s) != my_epoch) ->
 #else
-              !(s & (PAUSED | GRANTED)) ->     /* the bug: any reader enters a drain */
+              /* enter a draining claim that waits for us (registered under
+               * parity (epoch - 1) & 1), or one of a later epoch */
+              (!(s & (PAUSED | GRANTED)) && registered &&
+               ((registered & (1 << ((EPOCH(s) + 1) % 2))) || EPOCH(s) != my_epoch)) ->
 #endif
                admitted = 1;
                assert(!(st & PAUSED));                      /* no read while paused */
@@ -356,9 +375,10 @@ inline acquire_read() {
        if
        :: OWNER(s) > 0 && !registered ->   /* [model:READ_REGISTER] */
            my_epoch = EPOCH(s);
-           /* queued from here on: the phase-fair bound counts from this step */
+           /* queued from here on: the phase-fair bound counts from this step;
+            * a pause still in force now is a pause period of this wait */
            atomic { rwait[2 * me + my_epoch % 2]++; g_waiting_read[me] = 1; g_phases[me] = 0;
-                    g_pause_seen[me] = 0 };
+                    g_pause_seen[me] = (st & PAUSED) != 0 };
            registered = 1 << (my_epoch % 2)
 #if !defined(MUTANT_NO_REQUEUE) && !defined(MUTANT_REQUEUE_MOVES)
        :: OWNER(s) > 0 && registered && (s & GRANTED) && !(registered & (1 << (EPOCH(s) % 2))) ->
@@ -583,7 +603,7 @@ inline resume() {
 inline user_ops() {
     n = 0;
     do
-    :: n < OPS ->
+    :: n < OPS_OF(me) ->
 #ifdef KIND0
         /* a fixed workload: process i runs KIND<i> (KIND_NONE: pause+resume) */
         kind = (me == 0 -> KIND0 : (me == 1 -> KIND1 : KIND2));
