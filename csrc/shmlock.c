@@ -157,7 +157,13 @@ struct shl_lock {
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
+    /* Calls inside the core on this handle (low bits) and H_CLOSED.  See
+     * enter(): close() succeeds only when it moves this word 0 -> H_CLOSED. */
+    _Atomic uint32_t inflight;
+    struct shl_lock *next_handle;   /* g_handles: every handle ever opened */
 };
+
+#define H_CLOSED 0x80000000u
 
 /* ------------------------------------------------------------ small tools */
 
@@ -212,6 +218,39 @@ static int32_t owner_index(const shl_lock *h, uint32_t s)
     return (int32_t)(o - 1);
 }
 
+/*
+ * Every public entry point that reads the handle's mapping brackets its work
+ * with enter()/leave(), and close() succeeds only by moving h->inflight from
+ * 0 to H_CLOSED.  Both are read-modify-writes of one word, so in its
+ * modification order each enter() either comes first (close() sees a count
+ * and refuses with SHL_EINFLIGHT) or later (the call sees H_CLOSED and
+ * returns SHL_ECLOSED without touching the segment).
+ *
+ * Orders: enter() is acquire, so nothing the call does to the mapping is
+ * performed before its increment; leave() is release, and close()'s CAS is
+ * acquire and reads the value the last leave() wrote (every RMW on the word
+ * continues the release sequence), so every access of a finished call
+ * happens before the munmap.  The word is process-private: the cost is one
+ * uncontended RMW pair per call (the fast read path already does a seq_cst
+ * RMW on the shared slot).
+ */
+static int enter(shl_lock *h)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
+    uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
+    if (__builtin_expect((n & H_CLOSED) != 0, 0)) {
+        atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_relaxed);
+        return SHL_ECLOSED;
+    }
+    return SHL_OK;
+}
+
+static void leave(shl_lock *h)
+{
+    atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
+}
+
 /* ------------------------------------------------- keeper thread and fork */
 
 /*
@@ -231,6 +270,11 @@ static pthread_mutex_t *k_target;
  * is reset in a forked child like the keeper's mutexes: a thread that held
  * it at fork() does not exist in the child. */
 static pthread_mutex_t g_reattach_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Every handle this process ever opened, newest first.  Handles are never
+ * freed (see shl_close), so the list only grows, by a CAS on the head: a
+ * fork() at any moment leaves the child a well-formed list. */
+static _Atomic(shl_lock *) g_handles;
 
 static _Atomic uint64_t g_fork_gen;
 static _Atomic int g_have_waitv = 1;
@@ -312,6 +356,14 @@ static void after_fork_in_child(void)
     g_reattach_mu = fresh;
     k_started = 0;
     k_req = k_done = 0;
+    /* The parent's threads that were inside a call do not exist here: their
+     * in-flight counts would make close() refuse forever.  Closed stays
+     * closed. */
+    for (shl_lock *x = atomic_load_explicit(&g_handles, memory_order_relaxed); x;
+         x = x->next_handle)
+        atomic_store_explicit(&x->inflight,
+                              atomic_load_explicit(&x->inflight, memory_order_relaxed) & H_CLOSED,
+                              memory_order_relaxed);
     atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
 }
 
@@ -533,7 +585,15 @@ static int ensure_attached(shl_lock *h)
     return r;
 }
 
-int shl_attach(shl_lock *h) { return ensure_attached(h); }
+int shl_attach(shl_lock *h)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = ensure_attached(h);
+    leave(h);
+    return r;
+}
 
 /* ------------------------------------------------------------- scanning */
 
@@ -557,10 +617,16 @@ static uint64_t sum_owed(shl_lock *h, uint32_t parity)
 
 /* Would this attempt wait for an exclusive hold that its own thread owns?
  * Not for asyncio attempts, where another task of the thread may release. */
+/* held_excl is loaded with acquire before excl_thread: a non-zero value
+ * comes from grant_exclusive's release store (or release_exclusive's
+ * restore), which follows its store of excl_thread, so we see that thread
+ * or a later grantee, never the thread of an older hold.  With both loads
+ * relaxed, arm64 could pair a new grant's held_excl with the previous
+ * holder's excl_thread: a false SHL_EDEADLK for the previous holder. */
 static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
 {
     return !w->shared_thread &&
-           atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0 &&
+           atomic_load_explicit(&h->held_excl, memory_order_acquire) != 0 &&
            atomic_load_explicit(&h->excl_thread, memory_order_relaxed) ==
                (unsigned long)pthread_self();
 }
@@ -587,8 +653,15 @@ static int try_read(shl_lock *h, shl_waiter *w)
 {
     struct shl_slot *me = &h->slots[h->self];
     /* Announce, then look (reader half of the Dekker pair; see the top). */
-    atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst);   /* [model:READ_ANNOUNCE] */
+    uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
+    if (__builtin_expect(prev >= SHL_READ_HOLDS_MAX, 0)) {
+        /* Never let the count wrap (a writer would see 0 beside our holds).
+         * Attempts in flight add at most one each, far below 2^31. */
+        if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1)
+            wake_drainers(h);
+        return SHL_EOVERFLOW;
+    }
     if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0, 1))
         goto granted;
     /* Owed reader: the current claim is still waiting for readers, and
@@ -655,8 +728,9 @@ static uint32_t arm_drainers(shl_lock *h)
 static void grant_exclusive(shl_lock *h, shl_waiter *w)
 {
     w->claimed = 0;   /* from here on it is a hold, not an attempt */
+    /* excl_thread first, then held_excl with release: see excl_is_this_thread. */
     atomic_store_explicit(&h->excl_thread, (unsigned long)pthread_self(), memory_order_relaxed);
-    atomic_store_explicit(&h->held_excl, w->kind, memory_order_relaxed);
+    atomic_store_explicit(&h->held_excl, w->kind, memory_order_release);
     atomic_store_explicit(&h->hdr->exclusive_pid, (uint32_t)getpid(), memory_order_relaxed);
 }
 
@@ -784,7 +858,7 @@ static int try_wait_drained(shl_lock *h, shl_waiter *w)
     return SHL_AGAIN;
 }
 
-int shl_try(shl_lock *h, shl_waiter *w)
+static int do_try(shl_lock *h, shl_waiter *w)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -800,9 +874,19 @@ int shl_try(shl_lock *h, shl_waiter *w)
     }
 }
 
-void shl_cancel(shl_lock *h, shl_waiter *w)
+int shl_try(shl_lock *h, shl_waiter *w)
 {
-    if (h == NULL || h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_try(h, w);
+    leave(h);
+    return r;
+}
+
+static void do_cancel(shl_lock *h, shl_waiter *w)
+{
+    if (h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
     if (w->registered)   /* [model:CANCEL_REGISTERED] */
@@ -821,6 +905,16 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
         }
         w->claimed = 0;
     }
+}
+
+void shl_cancel(shl_lock *h, shl_waiter *w)
+{
+    /* A closed handle carries no registration: close refuses while any
+     * attempt of ours is registered or claims. */
+    if (enter(h) != SHL_OK)
+        return;
+    do_cancel(h, w);
+    leave(h);
 }
 
 /* ---------------------------------------------------------------- waiting */
@@ -868,8 +962,16 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 static int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
 {
     int n = 0;
+    /* [model:WATCH_OWNER] The slot the state word names as exclusive owner
+     * comes first, free or not, so the cap never drops it.  A claim or hold
+     * naming a free slot (its owner detached, or a corrupt word) is then
+     * probed at once (its mutex word has no owner) and reclaimed by
+     * probe_slot: no claim can name a slot that nobody watches. */
+    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_relaxed));
+    if (o >= 0 && o != h->self && n < cap)
+        watch[n++] = o;
     for (uint32_t i = 0; i < h->max && n < cap; i++)
-        if ((int32_t)i != h->self &&
+        if ((int32_t)i != h->self && (int32_t)i != o &&
             (atomic_load_explicit(&h->slots[i].pid, memory_order_relaxed) != 0 ||
              !slot_is_clean(&h->slots[i])))
             watch[n++] = (int32_t)i;
@@ -971,12 +1073,12 @@ static uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed)
     }
 }
 
-int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
+static int do_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 {
-    struct shl_header *hd = h->hdr;
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
         return SHL_TIMEDOUT;
 
@@ -1001,13 +1103,23 @@ int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
     return SHL_OK;
 }
 
-int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
-              int64_t deadline_ns)
+int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 {
-    struct shl_header *hd = h->hdr;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_wait(h, w, deadline_ns);
+    leave(h);
+    return r;
+}
+
+static int do_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
+                    int64_t deadline_ns)
+{
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     _Atomic uint32_t *words[2];
     uint32_t vals[2];
     int32_t watch[FUTEX_WAITV_MAX];
@@ -1035,31 +1147,49 @@ int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t w
     return r == EINTR ? SHL_EINTR : r == ETIMEDOUT ? SHL_TIMEDOUT : SHL_OK;
 }
 
+int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
+              int64_t deadline_ns)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_watch(h, state_expect, seq_expect, what, deadline_ns);
+    leave(h);
+    return r;
+}
+
 uint32_t shl_load_drain_seq(shl_lock *h)
 {
-    if (h == NULL)
+    if (enter(h) != SHL_OK)
         return 0;
-    return atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
+    uint32_t v = atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
+    leave(h);
+    return v;
 }
 
 /* --------------------------------------------------------- blocking calls */
 
 static int run_blocking(shl_lock *h, int kind, int64_t deadline_ns)
 {
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
     shl_waiter w;
     memset(&w, 0, sizeof w);
     w.kind = kind;
     for (;;) {
-        int r = shl_try(h, &w);
+        r = do_try(h, &w);
         if (r == SHL_OK)
-            return r;
+            break;
         if (r == SHL_AGAIN)
-            r = shl_wait(h, &w, deadline_ns);
+            r = do_wait(h, &w, deadline_ns);
         if (r != SHL_OK) {
-            shl_cancel(h, &w);
-            return r;
+            do_cancel(h, &w);
+            break;
         }
     }
+    leave(h);
+    return r;
 }
 
 int shl_acquire_read(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_READ, d); }
@@ -1071,7 +1201,7 @@ int shl_wait_drained(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND
 
 /* --------------------------------------------------------------- releases */
 
-int shl_release_read(shl_lock *h)
+static int do_release_read(shl_lock *h)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -1097,12 +1227,22 @@ int shl_release_read(shl_lock *h)
     return SHL_OK;
 }
 
-static int release_exclusive(shl_lock *h, int kind)
+int shl_release_read(shl_lock *h)
 {
-    struct shl_header *hd = h->hdr;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_release_read(h);
+    leave(h);
+    return r;
+}
+
+static int do_release_exclusive(shl_lock *h, int kind)
+{
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     int32_t k = kind;
     if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
                                                  memory_order_relaxed))
@@ -1111,7 +1251,7 @@ static int release_exclusive(shl_lock *h, int kind)
     uint32_t kind_bit = kind == SHL_KIND_UPDATE ? ST_UPDATE : 0;
     if (owner_of(s) != (uint32_t)h->self + 1 || !(s & ST_GRANTED) ||
         (s & ST_UPDATE) != kind_bit) {
-        atomic_store_explicit(&h->held_excl, kind, memory_order_relaxed);
+        atomic_store_explicit(&h->held_excl, kind, memory_order_release);
         return SHL_ECORRUPT;
     }
     /* A completed exclusive section makes the data trustworthy again. */
@@ -1127,13 +1267,21 @@ static int release_exclusive(shl_lock *h, int kind)
     return SHL_OK;
 }
 
+static int release_exclusive(shl_lock *h, int kind)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_release_exclusive(h, kind);
+    leave(h);
+    return r;
+}
+
 int shl_release_write(shl_lock *h)  { return release_exclusive(h, SHL_KIND_WRITE); }
 int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDATE); }
 
-int shl_pause(shl_lock *h)
+static int do_pause(shl_lock *h)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
     struct shl_header *hd = h->hdr;
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
     for (;;) {
@@ -1153,23 +1301,44 @@ int shl_pause(shl_lock *h)
     return 1;
 }
 
-int shl_is_paused(shl_lock *h)
+int shl_pause(shl_lock *h)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
-    return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_pause(h);
+    leave(h);
+    return r;
 }
 
-int shl_is_locked(shl_lock *h)
+int shl_is_paused(shl_lock *h)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
+    leave(h);
+    return r;
+}
+
+static int do_is_locked(shl_lock *h)
+{
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
     if (owner_index(h, s) == -2)
         return SHL_ECORRUPT;
     if (s & ST_GRANTED)
         return 1;
     return sum_readers(h) != 0;
+}
+
+int shl_is_locked(shl_lock *h)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_is_locked(h);
+    leave(h);
+    return r;
 }
 
 /* ------------------------------------------------------------ open/close */
@@ -1360,6 +1529,12 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
     }
     *dev = (uint64_t)st.st_dev;
     *ino = (uint64_t)st.st_ino;
+    /* Publish for after_fork_in_child; release: a forked child walks a
+     * fully written entry. */
+    h->next_handle = atomic_load_explicit(&g_handles, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&g_handles, &h->next_handle, h,
+                                                  memory_order_release, memory_order_relaxed)) {
+    }
     *out = h;
     return SHL_OK;
 }
@@ -1368,18 +1543,49 @@ int shl_close(shl_lock *h)
 {
     if (h == NULL)
         return SHL_ECLOSED;
+    /* Take the handle from 0 calls in flight to H_CLOSED, or refuse (see
+     * enter()).  acquire: every finished call's accesses to the mapping
+     * happen before the munmap below. */
+    uint32_t n = 0;
+    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSED,
+                                                 memory_order_acquire, memory_order_relaxed))
+        return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
     int ours = h->self >= 0 &&
                h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+    int r = SHL_OK;
     if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
-                 atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0))
-        return SHL_EBUSY;
+                 atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0)) {
+        r = SHL_EBUSY;
+    } else if (ours) {
+        /* An attempt parked outside the core (asyncio) may still be queued
+         * as an owed reader or claim the lock: freeing the slot would leave
+         * a claim or registration that names a slot nobody owns. */
+        struct shl_slot *me = &h->slots[h->self];
+        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_seq_cst)) ==
+                (uint32_t)h->self + 1 ||
+            atomic_load_explicit(&me->rwait[0], memory_order_seq_cst) != 0 ||
+            atomic_load_explicit(&me->rwait[1], memory_order_seq_cst) != 0)
+            r = SHL_EINFLIGHT;
+    }
+    if (r != SHL_OK) {
+        atomic_store_explicit(&h->inflight, 0, memory_order_release);   /* open again */
+        return r;
+    }
     if (ours) {
         struct shl_slot *me = &h->slots[h->self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
         keeper_call(KEEP_UNLOCK, &me->owner);
     }
     munmap(h->hdr, h->map_size);
-    free(h);
+    /* The handle itself is never freed nor reused: another thread may have
+     * loaded the pointer before close() and call in later (cffi drops the
+     * GIL before the C function runs); it then finds H_CLOSED.  Recycling
+     * the memory would let such a call act on another lock (ABA).  The
+     * cost is sizeof(shl_lock) bytes per close for the life of the
+     * process. */
+    h->hdr = NULL;
+    h->slots = NULL;
+    h->self = -1;
     return SHL_OK;
 }
 
@@ -1428,12 +1634,12 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
 
 /* --------------------------------------------------------- observability */
 
-int shl_info(shl_lock *h, shl_snapshot *out)
+static int do_info(shl_lock *h, shl_snapshot *out)
 {
-    struct shl_header *hd = h->hdr;
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
     int32_t o = owner_index(h, s);
     if (o == -2)
@@ -1458,7 +1664,17 @@ int shl_info(shl_lock *h, shl_snapshot *out)
     return SHL_OK;
 }
 
-int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
+int shl_info(shl_lock *h, shl_snapshot *out)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_info(h, out);
+    leave(h);
+    return r;
+}
+
+static int do_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
 {
     if (index >= h->max)
         return SHL_EINVAL;
@@ -1479,24 +1695,38 @@ int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
     return SHL_OK;
 }
 
+int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_slot_info(h, index, out);
+    leave(h);
+    return r;
+}
+
 int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
     if (index >= SHL_RECOVERY_LOG)
-        return SHL_EINVAL;
+        return h == NULL ? SHL_ECLOSED : SHL_EINVAL;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
     struct shl_recovery_entry *e = &h->hdr->recoveries[index];
     out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
     out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
     out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
     out->owed = __atomic_load_n(&e->owed, __ATOMIC_RELAXED);
     out->when_ns = __atomic_load_n(&e->when_ns, __ATOMIC_RELAXED);
+    leave(h);
     return SHL_OK;
 }
 
 uint32_t shl_load_state(shl_lock *h)
 {
-    if (h == NULL)
+    if (enter(h) != SHL_OK)
         return 0;
-    return atomic_load_explicit(&h->hdr->state, memory_order_acquire);
+    uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
+    leave(h);
+    return v;
 }

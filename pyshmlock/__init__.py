@@ -26,6 +26,7 @@ from .errors import (  # noqa: E402
     PyshmlockError,
     SegmentError,
     TooManyProcessesError,
+    TooManyReadHoldsError,
     UninitializedSegmentError,
     WouldDeadlockError,
 )
@@ -38,5 +39,5 @@ __all__ = [
     "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "unlink",
     "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
     "CorruptSegmentError", "UninitializedSegmentError", "TooManyProcessesError",
-    "NotHeldError", "WouldDeadlockError", "LockInUseError",
+    "NotHeldError", "WouldDeadlockError", "LockInUseError", "TooManyReadHoldsError",
 ]
