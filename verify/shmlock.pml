@@ -95,6 +95,27 @@ chan sigkill = [0] of { byte };   /* the reaper's SIGKILL, a rendezvous */
 /* Liveness as the robust mutexes report it. */
 bool alive[NP];
 bool owner_died[NP];        /* mutex is OWNER_DIED: a prober will get EOWNERDEAD */
+/* -DCLOSE: the reaper's victim does not die but closes the lock (another
+ * thread of it calls shl_close): its slot is freed (pid 0, mutex unlocked,
+ * no OWNER_DIED) and the process stops using the lock.  shl_close succeeds
+ * only where the C lets it (CLOSABLE): no call of the process on the lock
+ * in flight (`outside`: between operations, or an attempt parked between
+ * two calls as asyncio parks it), no hold, no owed-reader registration and
+ * no claim of it in the state word.  The keeper's unlock wakes one waiter
+ * of the mutex word, like the kernel at a death.
+ * MUTANT_CLOSE_IN_FLIGHT is the old shl_close: it refused only with a hold,
+ * so a call of another thread could be anywhere. */
+bool freed[NP];
+bool outside[NW];           /* no call of this process on the lock in flight */
+#ifndef MUTANT_CLOSE_IN_FLIGHT
+#define CLOSABLE(v) (outside[v] && g_hold[v] == KIND_NONE && OWNER(st) != (v) + 1 && \
+                     rwait[2 * (v)] == 0 && rwait[2 * (v) + 1] == 0)
+#else
+#define CLOSABLE(v) (g_hold[v] == KIND_NONE)
+#endif
+#define UNCLEAN(p) (readers[p] > 0 || rwait[2 * (p)] > 0 || rwait[2 * (p) + 1] > 0)
+/* a free slot that probe_slot reclaims: trylock succeeds and it is dirty */
+#define FREED_DIRTY(p) (freed[p] && (OWNER(st) == (p) + 1 || UNCLEAN(p)))
 bool reclaiming[NP];        /* a prober holds the dead slot's mutex */
 byte deaths;
 
@@ -157,7 +178,7 @@ inline phase_ended() {
 inline probe(p) {
     atomic {
         if
-        :: owner_died[p] && !reclaiming[p] -> reclaiming[p] = 1; got = 1
+        :: (owner_died[p] || FREED_DIRTY(p)) && !reclaiming[p] -> reclaiming[p] = 1; got = 1
         :: else -> got = 0
         fi
     }
@@ -203,14 +224,24 @@ inline probe_watched() {
 /* ------------------------------------------------------------- waiting */
 
 /* [model:DEATH_WATCH] watch every other process's robust mutex word
- * (collect_watch_set); `gone` if one already died: probe, do not sleep. */
+ * (collect_watch_set); `gone` if one already died: probe, do not sleep.
+ * With CLOSE, as in C: a free slot is watched only if it is dirty or
+ * [model:WATCH_OWNER] the state word names it as owner, and its mutex word
+ * (no owner) makes `gone` at once. */
+#ifndef CLOSE
+#define WATCHES(k) 1
+#elif !defined(MUTANT_FREE_SLOT_UNWATCHED)
+#define WATCHES(k) (!freed[k] || UNCLEAN(k) || OWNER(st) == (k) + 1)
+#else
+#define WATCHES(k) (!freed[k] || UNCLEAN(k))   /* the bug: a claim alone is not looked at */
+#endif
 inline watch_all_others() {
     d_step {   /* a read-only scan; the set is an over-approximation anyway */
         watched = 0; gone = 0;
         for (k : 0 .. NP - 1) {
             if
-            :: k != me -> watched = watched | (1 << k);
-                          if :: owner_died[k] -> gone = 1 :: else fi
+            :: k != me && WATCHES(k) -> watched = watched | (1 << k);
+                          if :: owner_died[k] || freed[k] -> gone = 1 :: else fi
             :: else
             fi
         }
@@ -231,7 +262,7 @@ inline wait_done(value) {
 inline watched_died() {
     gone = 0;
     for (k : 0 .. NP - 1) {
-        if :: (watched & (1 << k)) && owner_died[k] -> gone = 1 :: else fi
+        if :: (watched & (1 << k)) && (owner_died[k] || freed[k]) -> gone = 1 :: else fi
     }
     k = 0
 }
@@ -278,6 +309,17 @@ inline wait_state(expect) {
 
 /* shl_wait on drain_seq with the value loaded at DRAIN_SEQ, watching every
  * other slot that holds or owes a read. */
+/* An attempt between two calls (asyncio: parked until the helper wakes
+ * it): with CLOSE, one state in which shl_close may run. */
+inline parked() {
+#ifdef CLOSE
+    outside[me] = 1;
+    outside[me] = 0
+#else
+    skip
+#endif
+}
+
 inline wait_drain() {
     changed = 0;
     watch_all_others();
@@ -399,6 +441,7 @@ inline acquire_read() {
 #endif
        :: else
        fi;
+       parked();
        wait_state(s);
        if
        :: timed_out ->   /* shl_cancel */
@@ -443,6 +486,7 @@ inline acquire_excl(kind) {
         :: claimed && granted_now -> granted_now = 0; break
         :: claimed && !granted_now -> s = 0
         :: else ->
+            parked();
             wait_state(s);
             if :: timed_out -> break :: else fi
         fi
@@ -585,7 +629,7 @@ inline resume() {
        if
        :: cas_ok && (s & PAUSED) && (s & SLEEPERS) -> atomic { wake_state(); s = 0; cas_ok = 0 }; break
        :: cas_ok && !((s & PAUSED) && (s & SLEEPERS)) -> s = 0; cas_ok = 0; break
-       :: else -> wait_state(s)
+       :: else -> parked(); wait_state(s)
        fi
     od
 }
@@ -604,6 +648,7 @@ inline user_ops() {
     n = 0;
     do
     :: n < OPS_OF(me) ->
+        parked();   /* between two operations: nothing in flight */
 #ifdef KIND0
         /* a fixed workload: process i runs KIND<i> (KIND_NONE: pause+resume) */
         kind = (me == 0 -> KIND0 : (me == 1 -> KIND1 : KIND2));
@@ -640,7 +685,11 @@ inline user_ops() {
  * process's robust mutex OWNER_DIED and wakes exactly one of the processes
  * sleeping on that mutex word, any one of them. */
 inline die() {
+#ifndef CLOSE
     alive[me] = 0; owner_died[me] = 1; deaths++; seq_same[me] = 0;
+#else
+    alive[me] = 0; freed[me] = 1; deaths++; seq_same[me] = 0;
+#endif
     if :: g_pausing[me] -> g_stuck_pause = 1; g_pausing[me] = 0 :: else fi;
     asleep[me] = 0; on_drain[me] = 0; watching[me] = 0;
     k = 0;                                  /* k: how many watch us */
@@ -692,7 +741,11 @@ end_reaper:
             select (v : 0 .. NP - 1);
 #endif
             if
+#ifndef CLOSE
             :: alive[v] && !finished[v] -> sigkill!v
+#else
+            :: alive[v] && !finished[v] && CLOSABLE(v) -> sigkill!v
+#endif
             :: else     /* that one cannot die any more: no kill in this run */
             fi
         };
