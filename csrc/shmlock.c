@@ -78,6 +78,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -157,13 +158,15 @@ struct shl_lock {
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
-    /* Calls inside the core on this handle (low bits) and H_CLOSED.  See
-     * enter(): close() succeeds only when it moves this word 0 -> H_CLOSED. */
+    /* Calls inside the core on this handle (low 30 bits), H_CLOSING and
+     * H_CLOSED.  See enter(): close() starts only by moving this word from
+     * 0 to H_CLOSING. */
     _Atomic uint32_t inflight;
     struct shl_lock *next_handle;   /* g_handles: every handle ever opened */
 };
 
-#define H_CLOSED 0x80000000u
+#define H_CLOSED  0x80000000u
+#define H_CLOSING 0x40000000u     /* close() is deciding; callers wait it out */
 
 /* ------------------------------------------------------------ small tools */
 
@@ -220,11 +223,14 @@ static int32_t owner_index(const shl_lock *h, uint32_t s)
 
 /*
  * Every public entry point that reads the handle's mapping brackets its work
- * with enter()/leave(), and close() succeeds only by moving h->inflight from
- * 0 to H_CLOSED.  Both are read-modify-writes of one word, so in its
+ * with enter()/leave(), and close() starts only by moving h->inflight from
+ * 0 to H_CLOSING.  Both are read-modify-writes of one word, so in its
  * modification order each enter() either comes first (close() sees a count
- * and refuses with SHL_EINFLIGHT) or later (the call sees H_CLOSED and
- * returns SHL_ECLOSED without touching the segment).
+ * and refuses with SHL_EINFLIGHT) or later: the call backs out without
+ * touching the segment, and either returns SHL_ECLOSED (H_CLOSED) or waits
+ * the few loads that close() needs to decide (H_CLOSING) and tries again.
+ * close() leaves H_CLOSING by read-modify-writes only, so the transient
+ * increments of callers that back out are never overwritten.
  *
  * Orders: enter() is acquire, so nothing the call does to the mapping is
  * performed before its increment; leave() is release, and close()'s CAS is
@@ -238,12 +244,17 @@ static int enter(shl_lock *h)
 {
     if (h == NULL)
         return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
-    uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
-    if (__builtin_expect((n & H_CLOSED) != 0, 0)) {
+    for (;;) {
+        uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
+        if (__builtin_expect((n & (H_CLOSED | H_CLOSING)) == 0, 1))
+            return SHL_OK;
         atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_relaxed);
-        return SHL_ECLOSED;
+        if (n & H_CLOSED)
+            return SHL_ECLOSED;
+        /* close() is deciding: a handful of loads, never a wait. */
+        while (atomic_load_explicit(&h->inflight, memory_order_relaxed) & H_CLOSING)
+            sched_yield();
     }
-    return SHL_OK;
 }
 
 static void leave(shl_lock *h)
@@ -360,7 +371,7 @@ static void after_fork_in_child(void)
      * in-flight counts would make close() refuse forever.  Closed stays
      * closed. */
     for (shl_lock *x = atomic_load_explicit(&g_handles, memory_order_relaxed); x;
-         x = x->next_handle)
+         x = x->next_handle)   /* (a close that was deciding: its thread is gone too) */
         atomic_store_explicit(&x->inflight,
                               atomic_load_explicit(&x->inflight, memory_order_relaxed) & H_CLOSED,
                               memory_order_relaxed);
@@ -1543,11 +1554,11 @@ int shl_close(shl_lock *h)
 {
     if (h == NULL)
         return SHL_ECLOSED;
-    /* Take the handle from 0 calls in flight to H_CLOSED, or refuse (see
+    /* Take the handle from 0 calls in flight to H_CLOSING, or refuse (see
      * enter()).  acquire: every finished call's accesses to the mapping
-     * happen before the munmap below. */
+     * happen before the checks and the munmap below. */
     uint32_t n = 0;
-    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSED,
+    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
                                                  memory_order_acquire, memory_order_relaxed))
         return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
     int ours = h->self >= 0 &&
@@ -1568,9 +1579,13 @@ int shl_close(shl_lock *h)
             r = SHL_EINFLIGHT;
     }
     if (r != SHL_OK) {
-        atomic_store_explicit(&h->inflight, 0, memory_order_release);   /* open again */
+        /* open again (release: our loads above stay before any new call) */
+        atomic_fetch_and_explicit(&h->inflight, ~H_CLOSING, memory_order_release);
         return r;
     }
+    /* H_CLOSING -> H_CLOSED in one RMW (bit 30 + bit 30 carries into bit 31),
+     * keeping the transient counts of callers that are backing out. */
+    atomic_fetch_add_explicit(&h->inflight, H_CLOSED - H_CLOSING, memory_order_relaxed);
     if (ours) {
         struct shl_slot *me = &h->slots[h->self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);

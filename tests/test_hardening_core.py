@@ -400,3 +400,42 @@ def test_would_deadlock_names_only_the_thread_that_holds(lock):
         stop.set()
         t.join(10)
     assert not errors, errors
+
+
+def test_a_refused_close_never_disturbs_calls_of_other_threads(lock):
+    """close() refused (a hold, or calls in flight) must leave the lock fully
+    usable: concurrent calls neither fail as "closed" nor lose their count."""
+    import threading
+    assert lock.acquire_read(1)
+    stop = threading.Event()
+    errors = []
+
+    def churn():
+        try:
+            while not stop.is_set():
+                assert lock.acquire_read(2)
+                lock.release_read()
+                lock.is_locked()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn) for _ in range(2)]
+    for t in threads:
+        t.start()
+    refused = 0
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 1.0:
+            with pytest.raises(pyshmlock.LockInUseError):
+                lock.close()
+            refused += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors
+    assert refused > 10
+    lock.release_read()
+    lock.close()                  # nothing in flight and nothing held: closes
+    with pytest.raises(ValueError, match="closed"):
+        lock.acquire_read(0)
