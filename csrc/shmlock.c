@@ -31,6 +31,8 @@
  *   reader:   slot.readers += 1 ; s = load(state) ;
  *             admitted if !PAUSED && OWNER == 0 (or the owed-reader rule)
  *             otherwise slot.readers -= 1 and wait.
+ *             (A slot that already counts SHL_READ_HOLDS_MAX fails with
+ *             SHL_EOVERFLOW instead: the 32-bit count never wraps.)
  *   writer:   CAS(state: OWNER = me) ; then scan every slot.readers.
  *
  * In the single total order of seq_cst operations either the reader's load
@@ -39,11 +41,15 @@
  * The same handshake makes pause() atomic against admission.
  *
  * Phase fairness.  A reader that finds an exclusive claim with epoch E
- * registers in slot.rwait[E & 1] ("owed").  When the claim of epoch E ends
- * and a later claim E' != E is made, the owed reader may enter while E' is
- * still draining (not GRANTED), and the claimant of E' waits for every owed
- * reader of parity (E'-1) & 1 before it sets GRANTED.  So a reader waits
- * through at most one exclusive phase; a writer waits through at most the
+ * registers in slot.rwait[E & 1] ("owed").  The claimant of a later claim
+ * E' waits for every owed reader of parity (E'-1) & 1 before it sets
+ * GRANTED, and an owed reader enters E' while it is still draining (not
+ * GRANTED, not PAUSED) whenever it is registered under that parity (or
+ * E' != its epoch).  Entry never depends on epoch equality alone: the
+ * 15-bit epoch wraps (2^15 claims under a pause can pass one waiting
+ * reader), and a claim that waits for a reader always lets it in.  So a
+ * reader waits through at most one exclusive phase (two if it registered
+ * too late for a claim's count; pauses excepted); a writer waits through at most the
  * readers present or owed when it claimed.  After setting GRANTED the writer
  * scans the reader counts once more (second Dekker pair), so a late owed
  * reader that slipped in is waited for, never overlapped.
@@ -61,6 +67,15 @@
  * EOWNERDEAD is an exact death test that survives PID reuse.  A waiter
  * blocked on a process also sleeps on that process's mutex word through
  * futex_waitv, so a death wakes it at once; it then reclaims the dead slot.
+ * A waiter also always watches the slot the state word names as owner, even
+ * a free one, and reclaims a free slot that is named or holds leftovers.
+ *
+ * Handles.  A handle (shl_lock) is process-private.  Every entry point
+ * counts itself in h->inflight (enter/leave); shl_close refuses with
+ * SHL_EINFLIGHT while a call is in flight or an attempt of this process is
+ * still registered or claims, and a closed handle is never freed, so a
+ * late call through a stale pointer gets SHL_ECLOSED.  A forked child
+ * re-initialises every process-private mutex and in-flight count.
  * ====================================================================== */
 #define _GNU_SOURCE
 #include "shmlock.h"
