@@ -192,6 +192,15 @@ def _self_slot(lk):
 
 # ---------------------------------------------------------------- defect 2
 
+def hold_read_4s(q, name):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_read(5)
+    q.put("reading")
+    time.sleep(4)
+    lk.release_read()
+    lk.close()
+
+
 def _close_under_a_blocked_writer(name, result_fd):
     """In a forked child: a thread blocks in acquire_write (its claim is in
     the state word) while the main thread closes the lock."""
@@ -217,7 +226,7 @@ def _close_under_a_blocked_writer(name, result_fd):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_close_while_another_thread_waits_is_refused_not_a_crash(lock_name, children):
-    c = children(hold_read_until_told_, lock_name)
+    c = children(hold_read_4s, lock_name)
     c.expect("reading")
     r, w = os.pipe()
     pid = os.fork()
@@ -238,18 +247,9 @@ def test_close_while_another_thread_waits_is_refused_not_a_crash(lock_name, chil
     assert got.endswith("[False]"), got          # the writer timed out normally
 
 
-def hold_read_until_told_(q, name):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_read(5)
-    q.put("reading")
-    time.sleep(4)
-    lk.release_read()
-    lk.close()
-
-
 def test_close_with_an_asyncio_task_parked_is_refused(lock_name, children):
     import asyncio
-    c = children(hold_read_until_told_, lock_name)
+    c = children(hold_read_4s, lock_name)
     c.expect("reading")
 
     async def main():
