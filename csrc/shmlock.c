@@ -31,6 +31,8 @@
  *   reader:   slot.readers += 1 ; s = load(state) ;
  *             admitted if !PAUSED && OWNER == 0 (or the owed-reader rule)
  *             otherwise slot.readers -= 1 and wait.
+ *             (A slot that already counts SHL_READ_HOLDS_MAX fails with
+ *             SHL_EOVERFLOW instead: the 32-bit count never wraps.)
  *   writer:   CAS(state: OWNER = me) ; then scan every slot.readers.
  *
  * In the single total order of seq_cst operations either the reader's load
@@ -39,11 +41,15 @@
  * The same handshake makes pause() atomic against admission.
  *
  * Phase fairness.  A reader that finds an exclusive claim with epoch E
- * registers in slot.rwait[E & 1] ("owed").  When the claim of epoch E ends
- * and a later claim E' != E is made, the owed reader may enter while E' is
- * still draining (not GRANTED), and the claimant of E' waits for every owed
- * reader of parity (E'-1) & 1 before it sets GRANTED.  So a reader waits
- * through at most one exclusive phase; a writer waits through at most the
+ * registers in slot.rwait[E & 1] ("owed").  The claimant of a later claim
+ * E' waits for every owed reader of parity (E'-1) & 1 before it sets
+ * GRANTED, and an owed reader enters E' while it is still draining (not
+ * GRANTED, not PAUSED) whenever it is registered under that parity (or
+ * E' != its epoch).  Entry never depends on epoch equality alone: the
+ * 15-bit epoch wraps (2^15 claims under a pause can pass one waiting
+ * reader), and a claim that waits for a reader always lets it in.  So a
+ * reader waits through at most one exclusive phase (two if it registered
+ * too late for a claim's count; pauses excepted); a writer waits through at most the
  * readers present or owed when it claimed.  After setting GRANTED the writer
  * scans the reader counts once more (second Dekker pair), so a late owed
  * reader that slipped in is waited for, never overlapped.
@@ -61,6 +67,15 @@
  * EOWNERDEAD is an exact death test that survives PID reuse.  A waiter
  * blocked on a process also sleeps on that process's mutex word through
  * futex_waitv, so a death wakes it at once; it then reclaims the dead slot.
+ * A waiter also always watches the slot the state word names as owner, even
+ * a free one, and reclaims a free slot that is named or holds leftovers.
+ *
+ * Handles.  A handle (shl_lock) is process-private.  Every entry point
+ * counts itself in h->inflight (enter/leave); shl_close refuses with
+ * SHL_EINFLIGHT while a call is in flight or an attempt of this process is
+ * still registered or claims, and a closed handle is never freed, so a
+ * late call through a stale pointer gets SHL_ECLOSED.  A forked child
+ * re-initialises every process-private mutex and in-flight count.
  * ====================================================================== */
 #define _GNU_SOURCE
 #include "shmlock.h"
@@ -78,6 +93,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -159,7 +175,15 @@ struct shl_lock {
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
+    /* Calls inside the core on this handle (low 30 bits), H_CLOSING and
+     * H_CLOSED.  See enter(): close() starts only by moving this word from
+     * 0 to H_CLOSING. */
+    _Atomic uint32_t inflight;
+    struct shl_lock *next_handle;   /* g_handles: every handle ever opened */
 };
+
+#define H_CLOSED  0x80000000u
+#define H_CLOSING 0x40000000u     /* close() is deciding; callers wait it out */
 
 /* ------------------------------------------------------------ small tools */
 
@@ -214,6 +238,47 @@ static int32_t owner_index(const shl_lock *h, uint32_t s)
     return (int32_t)(o - 1);
 }
 
+/*
+ * Every public entry point that reads the handle's mapping brackets its work
+ * with enter()/leave(), and close() starts only by moving h->inflight from
+ * 0 to H_CLOSING.  Both are read-modify-writes of one word, so in its
+ * modification order each enter() either comes first (close() sees a count
+ * and refuses with SHL_EINFLIGHT) or later: the call backs out without
+ * touching the segment, and either returns SHL_ECLOSED (H_CLOSED) or waits
+ * the few loads that close() needs to decide (H_CLOSING) and tries again.
+ * close() leaves H_CLOSING by read-modify-writes only, so the transient
+ * increments of callers that back out are never overwritten.
+ *
+ * Orders: enter() is acquire, so nothing the call does to the mapping is
+ * performed before its increment; leave() is release, and close()'s CAS is
+ * acquire and reads the value the last leave() wrote (every RMW on the word
+ * continues the release sequence), so every access of a finished call
+ * happens before the munmap.  The word is process-private: the cost is one
+ * uncontended RMW pair per call (the fast read path already does a seq_cst
+ * RMW on the shared slot).
+ */
+static int enter(shl_lock *h)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
+    for (;;) {
+        uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
+        if (__builtin_expect((n & (H_CLOSED | H_CLOSING)) == 0, 1))
+            return SHL_OK;
+        atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_relaxed);
+        if (n & H_CLOSED)
+            return SHL_ECLOSED;
+        /* close() is deciding: a handful of loads, never a wait. */
+        while (atomic_load_explicit(&h->inflight, memory_order_relaxed) & H_CLOSING)
+            sched_yield();
+    }
+}
+
+static void leave(shl_lock *h)
+{
+    atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
+}
+
 /* ------------------------------------------------- keeper thread and fork */
 
 /*
@@ -253,6 +318,16 @@ static uint32_t k_nkeepers;             /* under k_call_mu, like all below */
 static uint32_t k_count[KEEPER_MAX];    /* mutexes each keeper holds */
 static struct kept *k_held;
 static size_t k_nheld, k_capheld;
+
+/* Serialises taking a slot (ensure_attached).  Process-private too, so it
+ * is reset in a forked child like the keeper's mutexes: a thread that held
+ * it at fork() does not exist in the child. */
+static pthread_mutex_t g_reattach_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Every handle this process ever opened, newest first.  Handles are never
+ * freed (see shl_close), so the list only grows, by a CAS on the head: a
+ * fork() at any moment leaves the child a well-formed list. */
+static _Atomic(shl_lock *) g_handles;
 
 static _Atomic uint64_t g_fork_gen;
 static _Atomic int g_have_waitv = 1;
@@ -407,9 +482,10 @@ static uint64_t self_pidns(void)
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-/* In a forked child only the forking thread exists: no keeper, and the
- * keeper's private mutexes may be in any state.  Start afresh; handles
- * notice the new fork generation and take a slot of their own. */
+/* In a forked child only the forking thread exists: no keeper, and every
+ * process-private mutex of the core (k_call_mu, k_mu, k_cv, g_reattach_mu)
+ * may be held by a thread that is gone.  Start afresh; handles notice the
+ * new fork generation and take a slot of their own. */
 static void after_fork_in_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
@@ -417,8 +493,17 @@ static void after_fork_in_child(void)
     k_call_mu = fresh;
     k_mu = fresh;
     k_cv = fresh_cv;
+    g_reattach_mu = fresh;
     k_started = 0;
     k_req = k_done = 0;
+    /* The parent's threads that were inside a call do not exist here: their
+     * in-flight counts would make close() refuse forever.  Closed stays
+     * closed. */
+    for (shl_lock *x = atomic_load_explicit(&g_handles, memory_order_relaxed); x;
+         x = x->next_handle)   /* (a close that was deciding: its thread is gone too) */
+        atomic_store_explicit(&x->inflight,
+                              atomic_load_explicit(&x->inflight, memory_order_relaxed) & H_CLOSED,
+                              memory_order_relaxed);
     atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
 }
 
@@ -629,20 +714,27 @@ static int ensure_attached(shl_lock *h)
         return SHL_OK;
     if (h == NULL)
         return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
-    static pthread_mutex_t reattach_mu = PTHREAD_MUTEX_INITIALIZER;
     int r = SHL_OK;
-    pthread_mutex_lock(&reattach_mu);
+    pthread_mutex_lock(&g_reattach_mu);
     if (h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
         h->self = -1;
         r = attach_slot(h);
     }
-    pthread_mutex_unlock(&reattach_mu);
+    pthread_mutex_unlock(&g_reattach_mu);
     return r;
 }
 
-int shl_attach(shl_lock *h) { return ensure_attached(h); }
+int shl_attach(shl_lock *h)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = ensure_attached(h);
+    leave(h);
+    return r;
+}
 
 /* ------------------------------------------------------------- scanning */
 
@@ -666,10 +758,16 @@ static uint64_t sum_owed(shl_lock *h, uint32_t parity)
 
 /* Would this attempt wait for an exclusive hold that its own thread owns?
  * Not for asyncio attempts, where another task of the thread may release. */
+/* held_excl is loaded with acquire before excl_thread: a non-zero value
+ * comes from grant_exclusive's release store (or release_exclusive's
+ * restore), which follows its store of excl_thread, so we see that thread
+ * or a later grantee, never the thread of an older hold.  With both loads
+ * relaxed, arm64 could pair a new grant's held_excl with the previous
+ * holder's excl_thread: a false SHL_EDEADLK for the previous holder. */
 static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
 {
     return !w->shared_thread &&
-           atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0 &&
+           atomic_load_explicit(&h->held_excl, memory_order_acquire) != 0 &&
            atomic_load_explicit(&h->excl_thread, memory_order_relaxed) ==
                (unsigned long)pthread_self();
 }
@@ -696,13 +794,28 @@ static int try_read(shl_lock *h, shl_waiter *w)
 {
     struct shl_slot *me = &h->slots[h->self];
     /* Announce, then look (reader half of the Dekker pair; see the top). */
-    atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst);   /* [model:READ_ANNOUNCE] */
+    uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
+    if (__builtin_expect(prev >= SHL_READ_HOLDS_MAX, 0)) {
+        /* Never let the count wrap (a writer would see 0 beside our holds).
+         * Attempts in flight add at most one each, far below 2^31. */
+        if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1)
+            wake_drainers(h);
+        return SHL_EOVERFLOW;
+    }
     if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0, 1))
         goto granted;
-    /* Owed reader: queued behind an earlier phase, and the current claim
-     * came later and is still waiting for readers. */
-    if (!(s & (ST_PAUSED | ST_GRANTED)) && w->registered && ST_EPOCH(s) != w->my_epoch)
+    /* Owed reader: the current claim is still waiting for readers, and
+     * either it waits for us (we are registered under the parity it counts,
+     * (epoch - 1) & 1; see drain_for_exclusive) or it came later than the
+     * phase we queued behind.  The first test alone decides liveness: a
+     * claim that waits for us always lets us in, so no epoch value, however
+     * often the 15-bit epoch wrapped during our wait, can make it wait for a
+     * reader that refuses to enter.  The epoch comparison alone could (a
+     * wrap makes a later claim look like ours).  The second test only lets
+     * us in sooner. */
+    if (!(s & (ST_PAUSED | ST_GRANTED)) && w->registered &&
+        ((w->registered & (1u << ((ST_EPOCH(s) - 1u) & 1u))) || ST_EPOCH(s) != w->my_epoch))
         goto granted;
 
     if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
@@ -756,8 +869,9 @@ static uint32_t arm_drainers(shl_lock *h)
 static void grant_exclusive(shl_lock *h, shl_waiter *w)
 {
     w->claimed = 0;   /* from here on it is a hold, not an attempt */
+    /* excl_thread first, then held_excl with release: see excl_is_this_thread. */
     atomic_store_explicit(&h->excl_thread, (unsigned long)pthread_self(), memory_order_relaxed);
-    atomic_store_explicit(&h->held_excl, w->kind, memory_order_relaxed);
+    atomic_store_explicit(&h->held_excl, w->kind, memory_order_release);
     atomic_store_explicit(&h->hdr->exclusive_pid, (uint32_t)getpid(), memory_order_relaxed);
 }
 
@@ -885,7 +999,7 @@ static int try_wait_drained(shl_lock *h, shl_waiter *w)
     return SHL_AGAIN;
 }
 
-int shl_try(shl_lock *h, shl_waiter *w)
+static int do_try(shl_lock *h, shl_waiter *w)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -901,9 +1015,19 @@ int shl_try(shl_lock *h, shl_waiter *w)
     }
 }
 
-void shl_cancel(shl_lock *h, shl_waiter *w)
+int shl_try(shl_lock *h, shl_waiter *w)
 {
-    if (h == NULL || h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_try(h, w);
+    leave(h);
+    return r;
+}
+
+static void do_cancel(shl_lock *h, shl_waiter *w)
+{
+    if (h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
     if (w->registered)   /* [model:CANCEL_REGISTERED] */
@@ -922,6 +1046,16 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
         }
         w->claimed = 0;
     }
+}
+
+void shl_cancel(shl_lock *h, shl_waiter *w)
+{
+    /* A closed handle carries no registration: close refuses while any
+     * attempt of ours is registered or claims. */
+    if (enter(h) != SHL_OK)
+        return;
+    do_cancel(h, w);
+    leave(h);
 }
 
 /* ---------------------------------------------------------------- waiting */
@@ -969,8 +1103,16 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 static int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
 {
     int n = 0;
+    /* [model:WATCH_OWNER] The slot the state word names as exclusive owner
+     * comes first, free or not, so the cap never drops it.  A claim or hold
+     * naming a free slot (its owner detached, or a corrupt word) is then
+     * probed at once (its mutex word has no owner) and reclaimed by
+     * probe_slot: no claim can name a slot that nobody watches. */
+    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_relaxed));
+    if (o >= 0 && o != h->self && n < cap)
+        watch[n++] = o;
     for (uint32_t i = 0; i < h->max && n < cap; i++)
-        if ((int32_t)i != h->self &&
+        if ((int32_t)i != h->self && (int32_t)i != o &&
             (atomic_load_explicit(&h->slots[i].pid, memory_order_relaxed) != 0 ||
              !slot_is_clean(&h->slots[i])))
             watch[n++] = (int32_t)i;
@@ -1072,12 +1214,12 @@ static uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed)
     }
 }
 
-int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
+static int do_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 {
-    struct shl_header *hd = h->hdr;
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
         return SHL_TIMEDOUT;
 
@@ -1102,13 +1244,23 @@ int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
     return SHL_OK;
 }
 
-int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
-              int64_t deadline_ns)
+int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 {
-    struct shl_header *hd = h->hdr;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_wait(h, w, deadline_ns);
+    leave(h);
+    return r;
+}
+
+static int do_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
+                    int64_t deadline_ns)
+{
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     _Atomic uint32_t *words[2];
     uint32_t vals[2];
     int32_t watch[FUTEX_WAITV_MAX];
@@ -1136,31 +1288,49 @@ int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t w
     return r == EINTR ? SHL_EINTR : r == ETIMEDOUT ? SHL_TIMEDOUT : SHL_OK;
 }
 
+int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
+              int64_t deadline_ns)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_watch(h, state_expect, seq_expect, what, deadline_ns);
+    leave(h);
+    return r;
+}
+
 uint32_t shl_load_drain_seq(shl_lock *h)
 {
-    if (h == NULL)
+    if (enter(h) != SHL_OK)
         return 0;
-    return atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
+    uint32_t v = atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
+    leave(h);
+    return v;
 }
 
 /* --------------------------------------------------------- blocking calls */
 
 static int run_blocking(shl_lock *h, int kind, int64_t deadline_ns)
 {
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
     shl_waiter w;
     memset(&w, 0, sizeof w);
     w.kind = kind;
     for (;;) {
-        int r = shl_try(h, &w);
+        r = do_try(h, &w);
         if (r == SHL_OK)
-            return r;
+            break;
         if (r == SHL_AGAIN)
-            r = shl_wait(h, &w, deadline_ns);
+            r = do_wait(h, &w, deadline_ns);
         if (r != SHL_OK) {
-            shl_cancel(h, &w);
-            return r;
+            do_cancel(h, &w);
+            break;
         }
     }
+    leave(h);
+    return r;
 }
 
 int shl_acquire_read(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_READ, d); }
@@ -1172,7 +1342,7 @@ int shl_wait_drained(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND
 
 /* --------------------------------------------------------------- releases */
 
-int shl_release_read(shl_lock *h)
+static int do_release_read(shl_lock *h)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -1198,12 +1368,22 @@ int shl_release_read(shl_lock *h)
     return SHL_OK;
 }
 
-static int release_exclusive(shl_lock *h, int kind)
+int shl_release_read(shl_lock *h)
 {
-    struct shl_header *hd = h->hdr;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_release_read(h);
+    leave(h);
+    return r;
+}
+
+static int do_release_exclusive(shl_lock *h, int kind)
+{
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     int32_t k = kind;
     if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
                                                  memory_order_relaxed))
@@ -1212,7 +1392,7 @@ static int release_exclusive(shl_lock *h, int kind)
     uint32_t kind_bit = kind == SHL_KIND_UPDATE ? ST_UPDATE : 0;
     if (owner_of(s) != (uint32_t)h->self + 1 || !(s & ST_GRANTED) ||
         (s & ST_UPDATE) != kind_bit) {
-        atomic_store_explicit(&h->held_excl, kind, memory_order_relaxed);
+        atomic_store_explicit(&h->held_excl, kind, memory_order_release);
         return SHL_ECORRUPT;
     }
     /* A completed exclusive section makes the data trustworthy again. */
@@ -1228,13 +1408,21 @@ static int release_exclusive(shl_lock *h, int kind)
     return SHL_OK;
 }
 
+static int release_exclusive(shl_lock *h, int kind)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_release_exclusive(h, kind);
+    leave(h);
+    return r;
+}
+
 int shl_release_write(shl_lock *h)  { return release_exclusive(h, SHL_KIND_WRITE); }
 int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDATE); }
 
-int shl_pause(shl_lock *h)
+static int do_pause(shl_lock *h)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
     struct shl_header *hd = h->hdr;
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
     for (;;) {
@@ -1254,23 +1442,44 @@ int shl_pause(shl_lock *h)
     return 1;
 }
 
-int shl_is_paused(shl_lock *h)
+int shl_pause(shl_lock *h)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
-    return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_pause(h);
+    leave(h);
+    return r;
 }
 
-int shl_is_locked(shl_lock *h)
+int shl_is_paused(shl_lock *h)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
+    leave(h);
+    return r;
+}
+
+static int do_is_locked(shl_lock *h)
+{
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
     if (owner_index(h, s) == -2)
         return SHL_ECORRUPT;
     if (s & ST_GRANTED)
         return 1;
     return sum_readers(h) != 0;
+}
+
+int shl_is_locked(shl_lock *h)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_is_locked(h);
+    leave(h);
+    return r;
 }
 
 /* ------------------------------------------------------------ open/close */
@@ -1515,6 +1724,12 @@ int shl_open(const char *name, int create, uint32_t mode, int64_t group,
         free(h);
         return r;
     }
+    /* Publish for after_fork_in_child; release: a forked child walks a
+     * fully written entry. */
+    h->next_handle = atomic_load_explicit(&g_handles, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&g_handles, &h->next_handle, h,
+                                                  memory_order_release, memory_order_relaxed)) {
+    }
     *out = h;
     return SHL_OK;
 }
@@ -1523,18 +1738,53 @@ int shl_close(shl_lock *h)
 {
     if (h == NULL)
         return SHL_ECLOSED;
+    /* Take the handle from 0 calls in flight to H_CLOSING, or refuse (see
+     * enter()).  acquire: every finished call's accesses to the mapping
+     * happen before the checks and the munmap below. */
+    uint32_t n = 0;
+    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
+                                                 memory_order_acquire, memory_order_relaxed))
+        return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
     int ours = h->self >= 0 &&
                h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+    int r = SHL_OK;
     if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
-                 atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0))
-        return SHL_EBUSY;
+                 atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0)) {
+        r = SHL_EBUSY;
+    } else if (ours) {
+        /* An attempt parked outside the core (asyncio) may still be queued
+         * as an owed reader or claim the lock: freeing the slot would leave
+         * a claim or registration that names a slot nobody owns. */
+        struct shl_slot *me = &h->slots[h->self];
+        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_seq_cst)) ==
+                (uint32_t)h->self + 1 ||
+            atomic_load_explicit(&me->rwait[0], memory_order_seq_cst) != 0 ||
+            atomic_load_explicit(&me->rwait[1], memory_order_seq_cst) != 0)
+            r = SHL_EINFLIGHT;
+    }
+    if (r != SHL_OK) {
+        /* open again (release: our loads above stay before any new call) */
+        atomic_fetch_and_explicit(&h->inflight, ~H_CLOSING, memory_order_release);
+        return r;
+    }
+    /* H_CLOSING -> H_CLOSED in one RMW (bit 30 + bit 30 carries into bit 31),
+     * keeping the transient counts of callers that are backing out. */
+    atomic_fetch_add_explicit(&h->inflight, H_CLOSED - H_CLOSING, memory_order_relaxed);
     if (ours) {
         struct shl_slot *me = &h->slots[h->self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
         keeper_call(KEEP_UNLOCK, &me->owner);
     }
     munmap(h->hdr, h->map_size);
-    free(h);
+    /* The handle itself is never freed nor reused: another thread may have
+     * loaded the pointer before close() and call in later (cffi drops the
+     * GIL before the C function runs); it then finds H_CLOSED.  Recycling
+     * the memory would let such a call act on another lock (ABA).  The
+     * cost is sizeof(shl_lock) bytes per close for the life of the
+     * process. */
+    h->hdr = NULL;
+    h->slots = NULL;
+    h->self = -1;
     return SHL_OK;
 }
 
@@ -1662,12 +1912,12 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
 
 /* --------------------------------------------------------- observability */
 
-int shl_info(shl_lock *h, shl_snapshot *out)
+static int do_info(shl_lock *h, shl_snapshot *out)
 {
-    struct shl_header *hd = h->hdr;
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    struct shl_header *hd = h->hdr;
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
     int32_t o = owner_index(h, s);
     if (o == -2)
@@ -1692,7 +1942,17 @@ int shl_info(shl_lock *h, shl_snapshot *out)
     return SHL_OK;
 }
 
-int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
+int shl_info(shl_lock *h, shl_snapshot *out)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_info(h, out);
+    leave(h);
+    return r;
+}
+
+static int do_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
 {
     if (index >= h->max)
         return SHL_EINVAL;
@@ -1714,26 +1974,40 @@ int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
     return SHL_OK;
 }
 
+int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_slot_info(h, index, out);
+    leave(h);
+    return r;
+}
+
 int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 {
-    if (h == NULL)
-        return SHL_ECLOSED;
     if (index >= SHL_RECOVERY_LOG)
-        return SHL_EINVAL;
+        return h == NULL ? SHL_ECLOSED : SHL_EINVAL;
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
     struct shl_recovery_entry *e = &h->hdr->recoveries[index];
     out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
     out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
     out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
     out->owed = __atomic_load_n(&e->owed, __ATOMIC_RELAXED);
     out->when_ns = __atomic_load_n(&e->when_ns, __ATOMIC_RELAXED);
+    leave(h);
     return SHL_OK;
 }
 
 uint32_t shl_load_state(shl_lock *h)
 {
-    if (h == NULL)
+    if (enter(h) != SHL_OK)
         return 0;
-    return atomic_load_explicit(&h->hdr->state, memory_order_acquire);
+    uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
+    leave(h);
+    return v;
 }
 
 /* ---------------------------------------------------------- stale segments */
@@ -1743,7 +2017,7 @@ uint32_t shl_load_state(shl_lock *h)
  * processes are using the lock, so it is not stale. */
 #define STALE_RETRIES 16
 
-int shl_reset_stale(shl_lock *h, uint32_t dead_pauser)
+static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -1785,6 +2059,16 @@ int shl_reset_stale(shl_lock *h, uint32_t dead_pauser)
         }
     }
     return 0;
+}
+
+int shl_reset_stale(shl_lock *h, uint32_t dead_pauser)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    r = do_reset_stale(h, dead_pauser);
+    leave(h);
+    return r;
 }
 
 /* ------------------------------------------------------------- observers */

@@ -28,11 +28,21 @@
 #define SHL_EDEADLK    -8   /* this thread would wait for a hold it owns itself */
 #define SHL_ESYS       -9   /* a system call failed; errno says which way */
 #define SHL_EINVAL    -10   /* bad argument (name, max_processes) */
-#define SHL_ECLOSED   -11   /* the handle is NULL: the Python object was closed */
+#define SHL_ECLOSED   -11   /* the handle is NULL or closed */
+#define SHL_EOVERFLOW -12   /* this process already has SHL_READ_HOLDS_MAX read holds */
+#define SHL_EINFLIGHT -13   /* close while another thread of this process is inside a
+                               call on this handle, or an attempt of it still waits
+                               (asyncio) with a registration or claim in the segment */
+
 #define SHL_EPERM     -20   /* the existing segment is not trusted: owned by another
                                user, or it grants group/other write beyond `mode`
                                (docs/DESIGN.md, "Trust model") */
 #define SHL_ESIZE     -21   /* the existing segment's size is not its layout's size */
+
+/* Read holds one process may have on one lock at a time (slot.readers is a
+ * 32-bit count that also holds attempts in flight: this cap keeps it from
+ * ever wrapping). */
+#define SHL_READ_HOLDS_MAX 0x7FFFFFFF
 
 /* What a waiter waits for (shl_waiter.kind). */
 #define SHL_KIND_READ     1
@@ -133,7 +143,11 @@ int shl_open(const char *name, int create, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info);
 /* Make sure this process owns a slot (a forked child takes its own). */
 int shl_attach(shl_lock *h);
-/* Detach.  Refuses with SHL_EBUSY while this process holds anything. */
+/* Detach.  Refuses with SHL_EBUSY while this process holds anything, and
+ * with SHL_EINFLIGHT while another thread is inside a call on h or an
+ * attempt (asyncio) still has a registration or claim.  After SHL_OK every
+ * call on h returns SHL_ECLOSED (or 0): the handle's memory stays valid for
+ * the life of the process, so a thread that still has the pointer is safe. */
 int shl_close(shl_lock *h);
 /* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
  * are attached and force == 0.  Without force it looks inside the segment

@@ -27,6 +27,7 @@ from .errors import (  # noqa: E402
     SegmentError,
     SegmentSizeError,
     TooManyProcessesError,
+    TooManyReadHoldsError,
     UninitializedSegmentError,
     WouldDeadlockError,
 )
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "inspect",
     "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
-    "CorruptSegmentError", "SegmentSizeError", "UninitializedSegmentError", "TooManyProcessesError",
-    "NotHeldError", "WouldDeadlockError", "LockInUseError",
+    "CorruptSegmentError", "SegmentSizeError", "UninitializedSegmentError",
+    "TooManyProcessesError", "NotHeldError", "WouldDeadlockError", "LockInUseError",
+    "TooManyReadHoldsError",
 ]

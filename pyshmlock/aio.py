@@ -23,8 +23,8 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._shmlock import ffi, lib
-from .errors import error_for
-from .lock import RWLock, _Hold, deadline_ns
+from .errors import LockInUseError, error_for
+from .lock import RWLock, _Attachment, _close_hooks, _Hold, deadline_ns
 
 __all__ = ["AsyncRWLock", "async_acquire"]
 
@@ -59,9 +59,11 @@ class _Helper:
         self.cond = threading.Condition()
         self.parked: Dict[int, _Parked] = {}
         self.thread: Optional[threading.Thread] = None
+        self.stopping = False       # close() asked the idle thread to leave now
 
     def park(self, p: _Parked) -> None:
         with self.cond:
+            self.stopping = False
             self.parked[id(p.future)] = p
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, daemon=True,
@@ -90,7 +92,8 @@ class _Helper:
         while True:
             with self.cond:
                 if not self.parked:
-                    self.cond.wait(_HELPER_IDLE_EXIT_S)
+                    if not self.stopping:
+                        self.cond.wait(_HELPER_IDLE_EXIT_S)
                     if not self.parked:
                         self.thread = None
                         return
@@ -111,7 +114,7 @@ class _Helper:
             for p in items:
                 what |= lib.SHL_WATCH_DRAIN if p.waiter.on_drain else lib.SHL_WATCH_STATE
             rc = lib.shl_watch(h, state, seq, what, time.monotonic_ns() + _WATCH_SLICE_NS)
-            if rc == lib.SHL_OK:
+            if rc == lib.SHL_OK or rc < 0:   # < 0 (closed, corrupt): the retry reports it
                 self._wake(items)
 
 
@@ -128,6 +131,29 @@ def _reset_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _before_close(att: _Attachment) -> None:
+    """close() refuses while tasks are parked on this attachment; otherwise
+    the helper thread leaves shl_watch (within one slice) before the core's
+    close, which would refuse while it is inside."""
+    with _helpers_lock:
+        helper = _helpers.get(att.key)
+    if helper is None or helper.handle != att.handle:
+        return
+    with helper.cond:
+        if helper.parked:
+            raise LockInUseError(
+                f"lock {att.name!r}: close() while {len(helper.parked)} asyncio task(s) "
+                "of this process are waiting for it; cancel them or let them finish first")
+        helper.stopping = True
+        helper.cond.notify_all()
+        thread = helper.thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(2 * _WATCH_SLICE_NS / 1e9 + 1.0)
+
+
+_close_hooks.append(_before_close)
 
 
 def _helper_for(lock: RWLock) -> _Helper:

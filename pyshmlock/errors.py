@@ -55,7 +55,13 @@ class WouldDeadlockError(PyshmlockError, RuntimeError):
 
 
 class LockInUseError(PyshmlockError, RuntimeError):
-    """close() while holding, or unlink() while other live processes are attached."""
+    """close() while holding or while calls or waiting tasks of this process use
+    the lock, or unlink() while other live processes are attached."""
+
+
+class TooManyReadHoldsError(PyshmlockError, RuntimeError):
+    """This process already has the maximum number of read holds on the lock
+    (2**31 - 1): one more would overflow the shared count."""
 
 
 def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
@@ -91,6 +97,14 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             "creating it?); remove it with pyshmlock.unlink(name, force=True)")
     if rc == lib.SHL_EBUSY:
         return LockInUseError(f"{where}{what}: the lock is in use")
+    if rc == lib.SHL_EOVERFLOW:
+        return TooManyReadHoldsError(
+            f"{where}{what}: this process already has {lib.SHL_READ_HOLDS_MAX} read holds "
+            "on this lock; release some first")
+    if rc == lib.SHL_EINFLIGHT:
+        return LockInUseError(
+            f"{where}{what}: another thread or task of this process is inside a call "
+            "on this lock or waiting for it (calls in flight); let them finish first")
     if rc == lib.SHL_ECLOSED:
         return ValueError(f"{where}{what}: the lock object is closed")
     if rc == lib.SHL_EINVAL:

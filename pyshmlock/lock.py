@@ -158,14 +158,26 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         return att
 
 
+# Run before the last close of an attachment; a hook raises LockInUseError
+# to refuse, or stops what it runs on the handle (aio: the helper thread).
+_close_hooks: List[Callable[[_Attachment], None]] = []
+
+
 def _detach(att: _Attachment) -> None:
     with _registry_lock:
         if att.refs == 1:
+            for hook in _close_hooks:
+                hook(att)
             rc = lib.shl_close(att.handle)
             if rc == lib.SHL_EBUSY:
                 raise LockInUseError(
                     f"lock {att.name!r}: close() while this process still holds it; "
                     "release its holds first")
+            if rc == lib.SHL_EINFLIGHT:
+                raise LockInUseError(
+                    f"lock {att.name!r}: close() while another thread or task of this "
+                    "process is inside a call on it or waiting for it (calls in flight); "
+                    "let them finish, or cancel them, first")
             if rc != _OK:
                 raise error_for(rc, "close", att.name)
             del _registry[att.key]
@@ -572,7 +584,9 @@ class RWLock:
     def close(self) -> None:
         """Detach this object.  The process detaches from the segment when its
         last RWLock of that segment closes; that raises LockInUseError if the
-        process still holds the lock.  Idempotent."""
+        process still holds the lock, or if another thread is inside a call
+        on it or an asyncio task waits for it (the object stays open then).
+        Idempotent."""
         att = self._att
         if att is None:
             return

@@ -52,10 +52,23 @@ FREE3 = ("NP=3", "OPS=1", "MAXDEATHS=0")
 
 TWO = ("NP=2", "OPS=1", "MAXDEATHS=0")
 TWO_DEATH = ("NP=2", "OPS=1", "MAXDEATHS=1")
+# the victim closes the lock instead of dying, wherever shl_close lets it:
+# between two calls of an operation (an asyncio attempt parked) or between
+# operations; its slot is freed clean, without OWNER_DIED
+TWO_CLOSE = TWO_DEATH + ("CLOSE",)
 
 
 def two_by(ops: int, deaths: int = 0) -> Tuple[str, ...]:
     return ("NP=2", f"OPS={ops}", f"MAXDEATHS={deaths}")
+
+
+def wrap(kind: str = W) -> Tuple[str, ...]:
+    """A reader waits while a writer makes 4 claims and a third process
+    pauses and resumes, with a 1-bit epoch: the epoch wraps around during
+    the reader's wait (the reader requeues behind a claim granted under the
+    pause, two claims later the epoch is the reader's again)."""
+    return ("NP=3", "OPS=1", "OPS0=1", "OPS1=4", "OPS2=1", "MAXDEATHS=0", "EPOCH_BITS=1",
+            f"KIND0={R}", f"KIND1={kind}", f"KIND2={P}")
 
 
 def free3_victim(v: int, kind: str) -> Tuple[str, ...]:
@@ -73,13 +86,18 @@ CONFIGS = [
     # the same without partial-order reduction: the kill is a rendezvous in
     # an `unless` escape, which SPIN cannot vouch for under reduction
     Config("2 processes x 1 op, SIGKILL, no reduction", TWO_DEATH, reduce=False),
+    Config("2 processes x 1 op, one may close the lock", TWO_CLOSE),
+    Config("2 processes x 1 op, close, no reduction", TWO_CLOSE, reduce=False),
     Config("3 processes: read, update, pause+resume", fixed(R, U, P)),
+    Config("epoch wraps in a reader's wait: read, 4 writes, pause", wrap(), quick=False),
     Config("2 processes x 2 ops", two_by(2), quick=False),
     Config("2 processes x 2 ops, waits may time out", two_by(2) + ("TIMEOUTS",), quick=False),
     Config("2 processes x 3 ops", two_by(3), quick=False),
     Config("2 processes x 2 ops, one may be SIGKILLed", two_by(2, 1), quick=False),
     Config("2 processes x 2 ops, SIGKILL, no reduction", two_by(2, 1), quick=False,
            reduce=False),
+    Config("2 processes x 2 ops, one may close the lock", two_by(2, 1) + ("CLOSE",),
+           quick=False),
     Config("3 processes x 1 op, free choice", FREE3, quick=False),
     # three exclusive phases can pass a reader only with 2 ops per writer
     Config("3 processes: write, write, read, 2 ops each", fixed(W, W, R, ops=2), quick=False),
@@ -132,6 +150,14 @@ MUTANTS: Dict[str, Mutant] = {
     "REQUEUE_MOVES": Mutant(fixed(W, W, R, ops=2),
                             "the first READ_REQUEUE, found by this model: moving the "
                             "registration to a stale epoch lets a third phase pass"),
+    "WRAP_REFUSES": Mutant(wrap(),
+                           "owed reader enters only a claim of an epoch other than its "
+                           "own: after a wrap the claim that waits for it has its epoch "
+                           "(deadlock)"),
+    "CLOSE_IN_FLIGHT": Mutant(TWO_CLOSE,
+                              "close() refuses only while the process holds the lock, as "
+                              "before: it frees the slot under a call of another thread "
+                              "(lost wake-up or orphaned claim: deadlock)"),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "

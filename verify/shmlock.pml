@@ -31,7 +31,12 @@
 #define MAXDEATHS 1
 #endif
 
-/* The state word, bit for bit as in shmlock.c, with a 2-bit epoch. */
+/* The state word, bit for bit as in shmlock.c, with an EPOCH_BITS-bit epoch
+ * (C: 15 bits).  EPOCH_BITS=1 lets a few claims wrap the epoch around
+ * while one reader waits, which 15 bits do after 32,768 claims. */
+#ifndef EPOCH_BITS
+#define EPOCH_BITS 2
+#endif
 #define OWNER_MASK 3
 #define UPDATE     4
 #define GRANTED    8
@@ -39,7 +44,7 @@
 #define SLEEPERS   32
 #define DRAINERS   64
 #define EPOCH_ONE  128
-#define EPOCH_MASK 384
+#define EPOCH_MASK (((1 << EPOCH_BITS) - 1) * EPOCH_ONE)
 #define EPOCH(s)   (((s) & EPOCH_MASK) / EPOCH_ONE)
 #define OWNER(s)   ((s) & OWNER_MASK)
 #define CLAIM_BITS (OWNER_MASK | UPDATE | GRANTED)
@@ -49,6 +54,13 @@
 #define GATE_OPEN(s) (!((s) & PAUSED) && OWNER(s) == 0)
 #else
 #define GATE_OPEN(s) (OWNER(s) == 0)
+#endif
+
+/* Operations per process: OPS, or OPS0/OPS1/OPS2 for each process. */
+#ifdef OPS0
+#define OPS_OF(p)  (p == 0 -> OPS0 : (p == 1 -> OPS1 : OPS2))
+#else
+#define OPS_OF(p)  OPS
 #endif
 
 #define KIND_NONE   0
@@ -83,6 +95,27 @@ chan sigkill = [0] of { byte };   /* the reaper's SIGKILL, a rendezvous */
 /* Liveness as the robust mutexes report it. */
 bool alive[NP];
 bool owner_died[NP];        /* mutex is OWNER_DIED: a prober will get EOWNERDEAD */
+/* -DCLOSE: the reaper's victim does not die but closes the lock (another
+ * thread of it calls shl_close): its slot is freed (pid 0, mutex unlocked,
+ * no OWNER_DIED) and the process stops using the lock.  shl_close succeeds
+ * only where the C lets it (CLOSABLE): no call of the process on the lock
+ * in flight (`outside`: between operations, or an attempt parked between
+ * two calls as asyncio parks it), no hold, no owed-reader registration and
+ * no claim of it in the state word.  The keeper's unlock wakes one waiter
+ * of the mutex word, like the kernel at a death.
+ * MUTANT_CLOSE_IN_FLIGHT is the old shl_close: it refused only with a hold,
+ * so a call of another thread could be anywhere. */
+bool freed[NP];
+bool outside[NW];           /* no call of this process on the lock in flight */
+#ifndef MUTANT_CLOSE_IN_FLIGHT
+#define CLOSABLE(v) (outside[v] && g_hold[v] == KIND_NONE && OWNER(st) != (v) + 1 && \
+                     rwait[2 * (v)] == 0 && rwait[2 * (v) + 1] == 0)
+#else
+#define CLOSABLE(v) (g_hold[v] == KIND_NONE)
+#endif
+#define UNCLEAN(p) (readers[p] > 0 || rwait[2 * (p)] > 0 || rwait[2 * (p) + 1] > 0)
+/* a free slot that probe_slot reclaims: trylock succeeds and it is dirty */
+#define FREED_DIRTY(p) (freed[p] && (OWNER(st) == (p) + 1 || UNCLEAN(p)))
 bool reclaiming[NP];        /* a prober holds the dead slot's mutex */
 byte deaths;
 
@@ -145,7 +178,7 @@ inline phase_ended() {
 inline probe(p) {
     atomic {
         if
-        :: owner_died[p] && !reclaiming[p] -> reclaiming[p] = 1; got = 1
+        :: (owner_died[p] || FREED_DIRTY(p)) && !reclaiming[p] -> reclaiming[p] = 1; got = 1
         :: else -> got = 0
         fi
     }
@@ -191,14 +224,24 @@ inline probe_watched() {
 /* ------------------------------------------------------------- waiting */
 
 /* [model:DEATH_WATCH] watch every other process's robust mutex word
- * (collect_watch_set); `gone` if one already died: probe, do not sleep. */
+ * (collect_watch_set); `gone` if one already died: probe, do not sleep.
+ * With CLOSE, as in C: a free slot is watched only if it is dirty or
+ * [model:WATCH_OWNER] the state word names it as owner, and its mutex word
+ * (no owner) makes `gone` at once. */
+#ifndef CLOSE
+#define WATCHES(k) 1
+#elif !defined(MUTANT_FREE_SLOT_UNWATCHED)
+#define WATCHES(k) (!freed[k] || UNCLEAN(k) || OWNER(st) == (k) + 1)
+#else
+#define WATCHES(k) (!freed[k] || UNCLEAN(k))   /* the bug: a claim alone is not looked at */
+#endif
 inline watch_all_others() {
     d_step {   /* a read-only scan; the set is an over-approximation anyway */
         watched = 0; gone = 0;
         for (k : 0 .. NP - 1) {
             if
-            :: k != me -> watched = watched | (1 << k);
-                          if :: owner_died[k] -> gone = 1 :: else fi
+            :: k != me && WATCHES(k) -> watched = watched | (1 << k);
+                          if :: owner_died[k] || freed[k] -> gone = 1 :: else fi
             :: else
             fi
         }
@@ -219,7 +262,7 @@ inline wait_done(value) {
 inline watched_died() {
     gone = 0;
     for (k : 0 .. NP - 1) {
-        if :: (watched & (1 << k)) && owner_died[k] -> gone = 1 :: else fi
+        if :: (watched & (1 << k)) && (owner_died[k] || freed[k]) -> gone = 1 :: else fi
     }
     k = 0
 }
@@ -266,6 +309,17 @@ inline wait_state(expect) {
 
 /* shl_wait on drain_seq with the value loaded at DRAIN_SEQ, watching every
  * other slot that holds or owes a read. */
+/* An attempt between two calls (asyncio: parked until the helper wakes
+ * it): with CLOSE, one state in which shl_close may run. */
+inline parked() {
+#ifdef CLOSE
+    outside[me] = 1;
+    outside[me] = 0
+#else
+    skip
+#endif
+}
+
 inline wait_drain() {
     changed = 0;
     watch_all_others();
@@ -321,10 +375,17 @@ inline acquire_read() {
            s = st;
            if
            :: GATE_OPEN(s) ||
-#ifndef MUTANT_DRAIN_ADMITS_ALL
+#if defined(MUTANT_DRAIN_ADMITS_ALL)
+              !(s & (PAUSED | GRANTED)) ->     /* the bug: any reader enters a drain */
+#elif defined(MUTANT_WRAP_REFUSES)
+              /* the bug: enter only a claim of another epoch; after a wrap
+               * the claim that waits for us has our epoch again */
               (!(s & (PAUSED | GRANTED)) && registered && EPOCH(s) != my_epoch) ->
 #else
-              !(s & (PAUSED | GRANTED)) ->     /* the bug: any reader enters a drain */
+              /* enter a draining claim that waits for us (registered under
+               * parity (epoch - 1) & 1), or one of a later epoch */
+              (!(s & (PAUSED | GRANTED)) && registered &&
+               ((registered & (1 << ((EPOCH(s) + 1) % 2))) || EPOCH(s) != my_epoch)) ->
 #endif
                admitted = 1;
                assert(!(st & PAUSED));                      /* no read while paused */
@@ -356,9 +417,10 @@ inline acquire_read() {
        if
        :: OWNER(s) > 0 && !registered ->   /* [model:READ_REGISTER] */
            my_epoch = EPOCH(s);
-           /* queued from here on: the phase-fair bound counts from this step */
+           /* queued from here on: the phase-fair bound counts from this step;
+            * a pause still in force now is a pause period of this wait */
            atomic { rwait[2 * me + my_epoch % 2]++; g_waiting_read[me] = 1; g_phases[me] = 0;
-                    g_pause_seen[me] = 0 };
+                    g_pause_seen[me] = (st & PAUSED) != 0 };
            registered = 1 << (my_epoch % 2)
 #if !defined(MUTANT_NO_REQUEUE) && !defined(MUTANT_REQUEUE_MOVES)
        :: OWNER(s) > 0 && registered && (s & GRANTED) && !(registered & (1 << (EPOCH(s) % 2))) ->
@@ -379,6 +441,7 @@ inline acquire_read() {
 #endif
        :: else
        fi;
+       parked();
        wait_state(s);
        if
        :: timed_out ->   /* shl_cancel */
@@ -423,6 +486,7 @@ inline acquire_excl(kind) {
         :: claimed && granted_now -> granted_now = 0; break
         :: claimed && !granted_now -> s = 0
         :: else ->
+            parked();
             wait_state(s);
             if :: timed_out -> break :: else fi
         fi
@@ -565,7 +629,7 @@ inline resume() {
        if
        :: cas_ok && (s & PAUSED) && (s & SLEEPERS) -> atomic { wake_state(); s = 0; cas_ok = 0 }; break
        :: cas_ok && !((s & PAUSED) && (s & SLEEPERS)) -> s = 0; cas_ok = 0; break
-       :: else -> wait_state(s)
+       :: else -> parked(); wait_state(s)
        fi
     od
 }
@@ -583,7 +647,8 @@ inline resume() {
 inline user_ops() {
     n = 0;
     do
-    :: n < OPS ->
+    :: n < OPS_OF(me) ->
+        parked();   /* between two operations: nothing in flight */
 #ifdef KIND0
         /* a fixed workload: process i runs KIND<i> (KIND_NONE: pause+resume) */
         kind = (me == 0 -> KIND0 : (me == 1 -> KIND1 : KIND2));
@@ -620,7 +685,11 @@ inline user_ops() {
  * process's robust mutex OWNER_DIED and wakes exactly one of the processes
  * sleeping on that mutex word, any one of them. */
 inline die() {
+#ifndef CLOSE
     alive[me] = 0; owner_died[me] = 1; deaths++; seq_same[me] = 0;
+#else
+    alive[me] = 0; freed[me] = 1; deaths++; seq_same[me] = 0;
+#endif
     if :: g_pausing[me] -> g_stuck_pause = 1; g_pausing[me] = 0 :: else fi;
     asleep[me] = 0; on_drain[me] = 0; watching[me] = 0;
     k = 0;                                  /* k: how many watch us */
@@ -672,7 +741,11 @@ end_reaper:
             select (v : 0 .. NP - 1);
 #endif
             if
+#ifndef CLOSE
             :: alive[v] && !finished[v] -> sigkill!v
+#else
+            :: alive[v] && !finished[v] && CLOSABLE(v) -> sigkill!v
+#endif
             :: else     /* that one cannot die any more: no kill in this run */
             fi
         };
