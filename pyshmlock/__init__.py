@@ -29,13 +29,13 @@ from .errors import (  # noqa: E402
     UninitializedSegmentError,
     WouldDeadlockError,
 )
-from .aio import AsyncRWLock  # noqa: E402
-from .lock import LockInfo, Recovery, RWLock, unlink  # noqa: E402
+from .lock import LockInfo, Recovery, RWLock, SyncHold, unlink  # noqa: E402
+from .aio import AsyncHold, AsyncRWLock  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "unlink",
+    "RWLock", "AsyncRWLock", "SyncHold", "AsyncHold", "LockInfo", "Recovery", "unlink",
     "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
     "CorruptSegmentError", "UninitializedSegmentError", "TooManyProcessesError",
     "NotHeldError", "WouldDeadlockError", "LockInUseError",

@@ -57,7 +57,10 @@ def format_status(info: LockInfo) -> str:
     if info.writer_pid or info.updater_pid:
         kind = "write" if info.writer_pid else "update"
         pid = info.writer_pid or info.updater_pid
-        state = "held" if info.exclusive_granted else "claimed, waiting for readers"
+        n = sum(info.readers.values())
+        state = ("held" if info.exclusive_granted else
+                 f"claimed, waiting for {n} reader{'' if n == 1 else 's'}" if n else
+                 "claimed, waiting for readers")
         lines.append(f"  exclusive     {kind} by pid {pid} ({state})")
     else:
         lines.append("  exclusive     none")
@@ -99,7 +102,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     print(f"{'NAME':40} {'PAUSED':7} {'EXCLUSIVE':18} {'READS':6} ATTACHED")
     for name in names:
         try:
-            with RWLock(name, create=False) as lk:
+            with RWLock(name, create=False).attached() as lk:
                 i = lk.info()
         except (PyshmlockError, OSError) as e:
             print(f"{name:40} (unreadable: {e})")
@@ -113,7 +116,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
+    with _open(args.name).attached() as lk:
         info = lk.info()
     if args.json:
         print(json.dumps(info.to_dict(), indent=2, sort_keys=True))
@@ -123,7 +126,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
+    with _open(args.name).attached() as lk:
         try:
             for _ in range(args.count) if args.count else iter(int, 1):
                 text = format_status(lk.info())
@@ -137,14 +140,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
+    with _open(args.name).attached() as lk:
         changed = lk.pause()
     print(f"{args.name}: {'paused' if changed else 'was already paused'}")
     return EXIT_OK
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
+    with _open(args.name).attached() as lk:
         if not lk.resume(args.timeout):
             raise _Fail(f"{args.name}: still paused after {args.timeout} s: an update "
                         "holds the pause (see `pyshmlock status`)", EXIT_TIMEOUT)

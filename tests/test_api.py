@@ -388,8 +388,7 @@ def test_repr_shows_this_process_holds(lock):
 def test_unawaited_resume_still_resumes(lock_name):
     alock = pyshmlock.AsyncRWLock(lock_name)
     alock.pause()
-    alock.resume()                     # never awaited
-    gc.collect()
+    alock.resume().close()             # never awaited
     assert not alock.paused
 
     async def main():
@@ -418,7 +417,7 @@ def test_close_prunes_helper_and_its_thread(lock_name):
         t = asyncio.create_task(alock.wait_resumed())
         await asyncio.sleep(0.05)
         assert key in aio._helpers
-        alock.resume()
+        await alock.resume()
         await asyncio.wait_for(t, 5)
 
     asyncio.run(main())
