@@ -38,6 +38,12 @@ _acquire_update = lib.shl_acquire_update
 _release_update = lib.shl_release_update
 _is_paused = lib.shl_is_paused
 
+# Blocking C call -> the kind of its attempt (for _finish's own-hold wait).
+_KIND_OF = {
+    _acquire_read: lib.SHL_KIND_READ, _acquire_write: lib.SHL_KIND_WRITE,
+    _acquire_update: lib.SHL_KIND_UPDATE, lib.shl_resume: lib.SHL_KIND_RESUME,
+}
+
 _LOST_NAMES = (
     (lib.SHL_LOST_WRITE, "write"),
     (lib.SHL_LOST_UPDATE, "update"),
@@ -245,7 +251,38 @@ def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
         return True
     if rc == _TIMEDOUT:
         return False
+    if rc == lib.SHL_EDEADLK and deadline >= 0 and fn in _KIND_OF:
+        # This thread has the exclusive hold it asks for.  Only a wait
+        # without end is refused (WouldDeadlockError); a try says False and
+        # a timed wait waits, as threading.Lock's would (another thread of
+        # this process may release the hold).
+        return deadline > 0 and _wait_as_any_thread(h, _KIND_OF[fn], deadline, what, name)
     raise error_for(rc, what, name)
+
+
+def _wait_as_any_thread(h: Any, kind: int, deadline: int, what: str, name: str) -> bool:
+    """A timed wait that does not count this thread's own exclusive hold as
+    a deadlock: the attempt is made as any thread of the process."""
+    w = ffi.new("shl_waiter *")
+    w.kind = kind
+    w.shared_thread = 1
+    try:
+        while True:
+            rc = lib.shl_try(h, w)
+            if rc == _OK:
+                return True
+            if rc != lib.SHL_AGAIN:
+                raise error_for(rc, what, name)
+            rc = lib.shl_wait(h, w, deadline)
+            if rc == _TIMEDOUT:
+                break
+            if rc not in (_OK, _EINTR):   # on EINTR, signal handlers run here
+                raise error_for(rc, what, name)
+    except BaseException:
+        lib.shl_cancel(h, w)
+        raise
+    lib.shl_cancel(h, w)
+    return False
 
 
 # The state word's bits that say whether a new hold would wait (see the
@@ -342,10 +379,8 @@ class SyncHold:
         ``blocking`` is false and it is not free, or on timeout."""
         d = lock_timeout_deadline(blocking, timeout)
         h = self.lock._handle()
-        rc = self._c_acquire(h, d)
-        if rc == lib.SHL_EDEADLK and d == 0:
-            return False           # a try on a hold this thread has: not free
-        return _finish(rc, self._c_acquire, h, d, self._what, self.lock.name)
+        return _finish(self._c_acquire(h, d), self._c_acquire, h, d, self._what,
+                       self.lock.name)
 
     def release(self) -> None:
         """Give the hold back (NotHeldError, a RuntimeError, if this process
