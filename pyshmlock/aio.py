@@ -20,12 +20,12 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, ContextManager, Coroutine, Dict, List, Optional, Tuple
+from typing import Any, ContextManager, Coroutine, Dict, List, NoReturn, Optional, Tuple
 
 from . import lock as _lock_module
 from ._shmlock import ffi, lib
 from .errors import error_for
-from .lock import (HOLD_KINDS, RWLock, _Attached, _reopen, deadline_ns, hold_repr,
+from .lock import (DEFAULT_MODE, HOLD_KINDS, RWLock, _Attached, _reopen, deadline_ns, hold_repr,
                    hold_would_wait, no_plain_with, own_holds)
 
 __all__ = ["AsyncRWLock", "AsyncHold", "async_acquire"]
@@ -282,7 +282,7 @@ class AsyncHold:
     async def __aexit__(self, *exc: Any) -> None:
         self.release()
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> NoReturn:
         raise TypeError(f"{self._what} of an AsyncRWLock: use `async with`, not `with` "
                         "(a plain `with` would block the event loop); RWLock's holds "
                         "take a plain `with`")
@@ -328,7 +328,7 @@ class AsyncRWLock:
     #: ``async with lock.update_lock:`` holds an update for the block.
     update_lock: AsyncHold
 
-    def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
+    def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256) -> None:
         self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes)
         self.name = name
@@ -456,13 +456,15 @@ class AsyncRWLock:
 
     # -- the lock itself is not a hold -----------------------------------
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> NoReturn:
+        """Refused with TypeError: ``with lock:`` would take no hold."""
         raise no_plain_with(self, "with")
 
     def __exit__(self, *exc: Any) -> None:
         """Never reached: ``__enter__`` refuses."""
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> NoReturn:
+        """Refused with TypeError: ``async with lock:`` would take no hold."""
         raise no_plain_with(self, "async with")
 
     async def __aexit__(self, *exc: Any) -> None:

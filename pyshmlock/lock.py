@@ -13,7 +13,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, List, NoReturn, Optional, Tuple
 
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for
@@ -98,6 +98,16 @@ def lock_timeout_deadline(blocking: bool, timeout: Optional[float]) -> int:
     if timeout is None or (timeout == -1 and not isinstance(timeout, bool)):
         return -1
     return deadline_ns(timeout)
+
+
+class _Octal(int):
+    """An int that shows as octal, so that help() prints ``mode=0o600``."""
+
+    def __repr__(self) -> str:
+        return oct(self)
+
+
+DEFAULT_MODE = _Octal(0o600)
 
 
 # ----------------------------------------------------------- attachments
@@ -500,7 +510,7 @@ class RWLock:
     #: ``with lock.update_lock:`` holds an update for the block.
     update_lock: SyncHold
 
-    def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
+    def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256) -> None:
         check_name(name)
         if not isinstance(mode, int) or not 0 <= mode <= 0o777:
@@ -708,7 +718,8 @@ class RWLock:
         closed when it ends (like contextlib.closing)."""
         return _Attached(self)
 
-    def __enter__(self) -> "RWLock":
+    def __enter__(self) -> NoReturn:
+        """Refused with TypeError: ``with lock:`` would take no hold."""
         raise no_plain_with(self, "with")
 
     def __exit__(self, *exc: Any) -> None:

@@ -367,7 +367,8 @@ def test_help_text_names_holds_and_mode_readably():
     for word in ("reader_lock", "writer_lock", "update_lock", "0o600", "SyncHold",
                  "attached"):
         assert word in text, word
-    assert "_Hold" not in text
+    assert "_Hold" not in text and "384" not in text
+    assert "mode: int = 0o600" in text
     atext = pydoc.render_doc(pyshmlock.AsyncRWLock, renderer=pydoc.plaintext)
     for word in ("reader_lock", "writer_lock", "update_lock", "0o600", "AsyncHold"):
         assert word in atext, word
