@@ -133,6 +133,7 @@ class LockModel(RuleBasedStateMachine):
         assert sum(info.readers.values()) == self.reads
         assert (info.writer_pid is not None) is (self.exclusive == "write")
         assert (info.updater_pid is not None) is (self.exclusive == "update")
+        assert info.exclusive_granted is (self.exclusive is not None)
         assert not info.waiters and not info.queued_readers
 
 
