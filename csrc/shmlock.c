@@ -1927,8 +1927,16 @@ static int do_info(shl_lock *h, shl_snapshot *out)
     out->paused = (s & ST_PAUSED) != 0;
     out->exclusive_slot = o;
     out->exclusive_kind = o < 0 ? 0 : (s & ST_UPDATE) ? SHL_KIND_UPDATE : SHL_KIND_WRITE;
-    out->exclusive_granted = (s & ST_GRANTED) != 0;
     out->exclusive_pid = o < 0 ? 0 : atomic_load_explicit(&h->slots[o].pid, memory_order_relaxed);
+    /* Held, not merely claimed: GRANTED is set before the claimant's last
+     * scan of the reader counts, so it may still wait for readers then.
+     * The header's exclusive_pid is written only once the hold is granted
+     * (grant_exclusive) and cleared before the claim bits on release.
+     * Relaxed is enough for a snapshot: the seq_cst load of the state above
+     * already follows the release CAS that ended any earlier hold, so that
+     * holder's clear is visible and its pid cannot pass for the claimant's. */
+    out->exclusive_granted = (s & ST_GRANTED) && o >= 0 && out->exclusive_pid != 0 &&
+        atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == out->exclusive_pid;
     out->epoch = ST_EPOCH(s);
     out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
     out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);

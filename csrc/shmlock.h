@@ -95,7 +95,7 @@ typedef struct shl_snapshot {
     int32_t paused;
     int32_t exclusive_slot;      /* -1 none */
     int32_t exclusive_kind;      /* SHL_KIND_WRITE / SHL_KIND_UPDATE / 0 */
-    int32_t exclusive_granted;   /* 0: claimed, still waiting for readers */
+    int32_t exclusive_granted;   /* 1: held; 0: claimed, still waiting for readers */
     uint32_t exclusive_pid;
     uint32_t epoch;
     uint32_t pause_count;

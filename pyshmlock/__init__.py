@@ -31,13 +31,15 @@ from .errors import (  # noqa: E402
     UninitializedSegmentError,
     WouldDeadlockError,
 )
-from .aio import AsyncRWLock  # noqa: E402
-from .lock import AttachedProcess, LockInfo, Recovery, RWLock, inspect, unlink  # noqa: E402
+from .lock import (AttachedProcess, LockInfo, Recovery, RWLock, SyncHold,  # noqa: E402
+                   inspect, unlink)
+from .aio import AsyncHold, AsyncRWLock  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "RWLock", "AsyncRWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "inspect",
+    "RWLock", "AsyncRWLock", "SyncHold", "AsyncHold", "LockInfo", "Recovery",
+    "AttachedProcess", "unlink", "inspect",
     "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
     "CorruptSegmentError", "SegmentSizeError", "UninitializedSegmentError",
     "TooManyProcessesError", "NotHeldError", "WouldDeadlockError", "LockInUseError",

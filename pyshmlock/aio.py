@@ -20,13 +20,16 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, ContextManager, Coroutine, Dict, List, NoReturn, Optional, Tuple
 
+from . import lock as _lock_module
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for
-from .lock import RWLock, _Attachment, _close_hooks, _Hold, deadline_ns
+from .lock import (DEFAULT_MODE, HOLD_KINDS, RWLock, _Attached, _Attachment, _close_hooks,
+                   _reopen, deadline_ns, hold_repr, hold_would_wait, no_plain_with,
+                   own_holds)
 
-__all__ = ["AsyncRWLock", "async_acquire"]
+__all__ = ["AsyncRWLock", "AsyncHold", "async_acquire"]
 
 _try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
 _SLEEPER_BITS = 0x00018000        # SLEEPERS | DRAINERS: not part of any condition
@@ -156,6 +159,25 @@ def _before_close(att: _Attachment) -> None:
 _close_hooks.append(_before_close)
 
 
+def _forget_helper(key: Tuple[int, int]) -> None:
+    """This process detaches from the segment ``key``: drop its helper, and
+    let the helper thread end now rather than after its idle time."""
+    with _helpers_lock:
+        helper = _helpers.pop(key, None)
+    if helper is None:
+        return
+    with helper.cond:
+        thread = helper.thread
+        if helper.parked:
+            return     # tasks still wait on it; it ends by itself when they are gone
+        helper.cond.notify_all()   # an idle helper wakes, sees nothing parked, ends
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(1.0)
+
+
+_lock_module._detach_hooks.append(_forget_helper)
+
+
 def _helper_for(lock: RWLock) -> _Helper:
     att = lock._att
     if att is None:
@@ -180,7 +202,10 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
         rc = _try_read_once(h, 0)
         if rc == lib.SHL_OK:
             return True
-        if rc < 0:
+        # SHL_EDEADLK: this thread owns the exclusive hold.  A blocking call
+        # would wait forever; a task waits for another task of its loop to
+        # release it, so it parks below (its attempt is shared_thread).
+        if rc < 0 and rc != lib.SHL_EDEADLK:
             raise error_for(rc, "acquire_read", lock.name)
     w = ffi.new("shl_waiter *")
     w.kind = kind
@@ -215,6 +240,25 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
         raise
 
 
+_lock_module._async_acquire = async_acquire
+
+
+def _try_once(lock: RWLock, kind: int) -> bool:
+    """One attempt of `kind` on this thread, as a task makes it; nothing is
+    left behind if it must wait."""
+    h = lock._handle()
+    w = ffi.new("shl_waiter *")
+    w.kind = kind
+    w.shared_thread = 1
+    rc = lib.shl_try(h, w)
+    if rc == lib.SHL_OK:
+        return True
+    if rc != lib.SHL_AGAIN:
+        raise error_for(rc, _KIND_NAMES.get(kind, "acquire"), lock.name)
+    lib.shl_cancel(h, w)
+    return False
+
+
 _KIND_NAMES = {
     lib.SHL_KIND_READ: "acquire_read", lib.SHL_KIND_WRITE: "acquire_write",
     lib.SHL_KIND_UPDATE: "acquire_update", lib.SHL_KIND_RESUME: "resume",
@@ -222,36 +266,107 @@ _KIND_NAMES = {
 }
 
 
+
+class AsyncHold:
+    """One kind of hold (``kind`` is "read", "write" or "update") of an
+    :class:`AsyncRWLock`, shaped like :class:`asyncio.Lock`.
+
+    ``async with hold:`` takes the hold for the block (TimeoutError if
+    ``timeout`` was given and passes); ``await hold.acquire(timeout=None)``,
+    ``release()`` and ``locked()`` follow asyncio.Lock, so
+    ``asyncio.Condition(alock.writer_lock)`` works.  A plain ``with`` is a
+    TypeError: it would block the event loop.
+    """
+
+    __slots__ = ("lock", "kind", "timeout", "_code", "_c_release", "_what", "__weakref__")
+
+    def __init__(self, lock: RWLock, code: int, timeout: Optional[float]) -> None:
+        self.lock = lock
+        self._code = code
+        self.kind, _, self._c_release, self._what = HOLD_KINDS[code]
+        self.timeout = timeout
+
+    async def acquire(self, timeout: Optional[float] = None) -> bool:
+        """Take the hold: True once had, False on timeout (None waits forever)."""
+        return await async_acquire(self.lock, self._code, timeout)
+
+    def release(self) -> None:
+        """Give the hold back (NotHeldError if this process has none)."""
+        rc = self._c_release(self.lock._h)
+        if rc:
+            raise error_for(rc, "release of " + self._what, self.lock.name)
+
+    def locked(self) -> bool:
+        """Whether a new hold of this kind would have to wait now."""
+        return hold_would_wait(self.lock, self._code)
+
+    async def __aenter__(self) -> "AsyncHold":
+        if not await async_acquire(self.lock, self._code, self.timeout):
+            raise TimeoutError(f"{self._what} of lock {self.lock.name!r} not had "
+                               f"within {self.timeout} s")
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __enter__(self) -> NoReturn:
+        raise TypeError(f"{self._what} of an AsyncRWLock: use `async with`, not `with` "
+                        "(a plain `with` would block the event loop); RWLock's holds "
+                        "take a plain `with`")
+
+    def __exit__(self, *exc: Any) -> None:
+        """Never reached: ``__enter__`` refuses."""
+
+    def __repr__(self) -> str:
+        return hold_repr(self, "AsyncHold")
+
+
 class AsyncRWLock:
     """The asyncio view of a shared lock: same segment, same semantics as
     :class:`RWLock` (a process may hold both views of one name; holds belong
     to the process either way).
 
+    ``AsyncRWLock(name, *, create=True, mode=0o600, max_processes=256)``:
+    the arguments of RWLock (``mode`` defaults to ``0o600``, owner
+    read/write).
+
+    Holds, as :class:`AsyncHold` objects shaped like asyncio.Lock:
+    ``async with lock.reader_lock:``, ``lock.writer_lock``,
+    ``lock.update_lock``, and ``lock.read(timeout)`` / ``write(timeout)`` /
+    ``update(timeout)`` that raise TimeoutError.  A plain ``with`` on them is
+    a TypeError, and so is ``with``/``async with`` on the lock itself (it
+    would take no hold); ``async with AsyncRWLock(name).attached() as lock:``
+    closes the lock when the block ends.  A lock pickles as its name.
+
     Waiting never blocks the event loop and never costs a thread per waiter.
-    A cancelled waiter leaves nothing behind.  Also answers to the method
-    names of SGLang's in-process ``RWLock`` (``acquire_reader`` ...), so a
-    tokenizer worker can swap its ``model_update_lock`` and its
-    ``is_pause``/``is_pause_cond`` pair for one shared object.
+    A task waits for holds that other tasks of its own loop have.  A
+    cancelled waiter leaves nothing behind.  Also answers to SGLang's
+    ``sglang.srt.utils.aio_rwlock.RWLock`` methods (``acquire_reader``,
+    ``release_reader``, ``acquire_writer``, ``release_writer``,
+    ``is_locked``, all coroutines), so a tokenizer worker can swap its
+    ``model_update_lock`` and its ``is_pause``/``is_pause_cond`` pair for one
+    shared object.
 
     ``stale`` is RWLock's stale-segment policy: ``"reset"`` (default) clears a
     pause left by processes that are all gone, ``"keep"`` keeps it.
     """
 
-    def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
+    #: ``async with lock.reader_lock:`` holds a read for the block.
+    reader_lock: AsyncHold
+    #: ``async with lock.writer_lock:`` holds the write lock for the block.
+    writer_lock: AsyncHold
+    #: ``async with lock.update_lock:`` holds an update for the block.
+    update_lock: AsyncHold
+
+    def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Any = None,
                  stale: str = "reset") -> None:
         self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes,
                             group=group, stale=stale)
         self.name = name
-        #: ``async with lock.reader_lock:`` holds a read for the block.
-        self.reader_lock = self._hold(lib.SHL_KIND_READ, None)
-        #: ``async with lock.writer_lock:`` holds the write lock for the block.
-        self.writer_lock = self._hold(lib.SHL_KIND_WRITE, None)
-        #: ``async with lock.update_lock:`` holds an update for the block.
-        self.update_lock = self._hold(lib.SHL_KIND_UPDATE, None)
-
-    def _hold(self, kind: int, timeout: Optional[float]) -> _Hold:
-        return _Hold(self._lock, kind, timeout)
+        self.reader_lock = AsyncHold(self._lock, lib.SHL_KIND_READ, None)
+        self.writer_lock = AsyncHold(self._lock, lib.SHL_KIND_WRITE, None)
+        self.update_lock = AsyncHold(self._lock, lib.SHL_KIND_UPDATE, None)
 
     # -- coroutines ----------------------------------------------------
 
@@ -267,8 +382,22 @@ class AsyncRWLock:
         """Take the pause-aware exclusive hold (see RWLock.acquire_update)."""
         return await async_acquire(self._lock, lib.SHL_KIND_UPDATE, timeout)
 
-    async def resume(self, timeout: Optional[float] = None) -> bool:
-        """Open the gate once no update holds it; False on timeout."""
+    def resume(self, timeout: Optional[float] = None) -> Coroutine[Any, Any, bool]:
+        """Open the gate; await the result for True once the lock runs, False
+        on timeout.
+
+        The first attempt is made during this call, not when the result is
+        awaited: unless an update holds the pause, the gate is open when
+        resume() returns, so a forgotten ``await`` cannot leave the lock
+        paused (Python still warns about the unawaited coroutine).  Only
+        waiting for an update to release the pause needs the await."""
+        deadline_ns(timeout)           # a bad timeout raises now
+        done = _try_once(self._lock, lib.SHL_KIND_RESUME)
+        return self._resume_rest(done, timeout)
+
+    async def _resume_rest(self, done: bool, timeout: Optional[float]) -> bool:
+        if done:
+            return True
         return await async_acquire(self._lock, lib.SHL_KIND_RESUME, timeout)
 
     async def wait_resumed(self, timeout: Optional[float] = None) -> bool:
@@ -302,8 +431,9 @@ class AsyncRWLock:
         """Whether the gate is closed (one shared-memory load)."""
         return self._lock.paused
 
-    def is_locked(self) -> bool:
-        """True if a write/update hold or any read hold exists anywhere."""
+    def locked(self) -> bool:
+        """True if a write/update hold or any read hold exists anywhere
+        (synchronous; ``await is_locked()`` is SGLang's spelling)."""
         return self._lock.is_locked()
 
     def info(self) -> Any:
@@ -314,38 +444,70 @@ class AsyncRWLock:
         """Detach (see RWLock.close)."""
         self._lock.close()
 
-    def read(self, timeout: Optional[float] = None) -> _Hold:
+    def attached(self) -> ContextManager["AsyncRWLock"]:
+        """``async with AsyncRWLock(name).attached() as lock:`` (or ``with``):
+        the lock for the block, closed when it ends."""
+        return _Attached(self)
+
+    def read(self, timeout: Optional[float] = None) -> AsyncHold:
         """``async with lock.read(timeout=1):`` - TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return self._hold(lib.SHL_KIND_READ, timeout)
+        return AsyncHold(self._lock, lib.SHL_KIND_READ, timeout)
 
-    def write(self, timeout: Optional[float] = None) -> _Hold:
+    def write(self, timeout: Optional[float] = None) -> AsyncHold:
         """``async with lock.write(timeout=1):`` - TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return self._hold(lib.SHL_KIND_WRITE, timeout)
+        return AsyncHold(self._lock, lib.SHL_KIND_WRITE, timeout)
 
-    def update(self, timeout: Optional[float] = None) -> _Hold:
+    def update(self, timeout: Optional[float] = None) -> AsyncHold:
         """``async with lock.update(timeout=1):`` - TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return self._hold(lib.SHL_KIND_UPDATE, timeout)
+        return AsyncHold(self._lock, lib.SHL_KIND_UPDATE, timeout)
 
-    # -- SGLang RWLock compatibility (sglang.srt.aio_rwlock.RWLock) -----
+    # -- SGLang RWLock (sglang.srt.utils.aio_rwlock.RWLock), method for method
 
     async def acquire_reader(self) -> None:
-        """SGLang name for ``await acquire_read()``."""
+        """SGLang's name for ``await acquire_read()``."""
         await self.acquire_read()
 
     async def release_reader(self) -> None:
-        """SGLang name for ``release_read()``."""
+        """SGLang's name for ``release_read()`` (a coroutine there)."""
         self.release_read()
 
     async def acquire_writer(self) -> None:
-        """SGLang name for ``await acquire_write()``."""
+        """SGLang's name for ``await acquire_write()``."""
         await self.acquire_write()
 
     async def release_writer(self) -> None:
-        """SGLang name for ``release_write()``."""
+        """SGLang's name for ``release_write()`` (a coroutine there)."""
         self.release_write()
 
+    async def is_locked(self) -> bool:
+        """SGLang's ``await lock.is_locked()``: see :meth:`locked`."""
+        return self._lock.is_locked()
+
+    # -- the lock itself is not a hold -----------------------------------
+
+    def __enter__(self) -> NoReturn:
+        """Refused with TypeError: ``with lock:`` would take no hold."""
+        raise no_plain_with(self, "with")
+
+    def __exit__(self, *exc: Any) -> None:
+        """Never reached: ``__enter__`` refuses."""
+
+    async def __aenter__(self) -> NoReturn:
+        """Refused with TypeError: ``async with lock:`` would take no hold."""
+        raise no_plain_with(self, "async with")
+
+    async def __aexit__(self, *exc: Any) -> None:
+        """Never reached: ``__aenter__`` refuses."""
+
+    def __reduce__(self) -> Any:
+        return (_reopen, (AsyncRWLock, self.name))
+
     def __repr__(self) -> str:
-        return f"<pyshmlock.AsyncRWLock {self.name!r}>"
+        if self._lock._att is None:
+            return f"<pyshmlock.AsyncRWLock {self.name!r} closed>"
+        return (f"<pyshmlock.AsyncRWLock {self.name!r} "
+                f"{'paused' if self.paused else 'running'}, this process "
+                f"{own_holds(self._lock)}>")

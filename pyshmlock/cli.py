@@ -128,7 +128,10 @@ def format_status(info: LockInfo) -> str:
     if info.writer_pid or info.updater_pid:
         kind = "write" if info.writer_pid else "update"
         pid = info.writer_pid or info.updater_pid
-        state = "held" if info.exclusive_granted else "claimed, waiting for readers"
+        n = sum(info.readers.values())
+        state = ("held" if info.exclusive_granted else
+                 f"claimed, waiting for {n} reader{'' if n == 1 else 's'}" if n else
+                 "claimed, waiting for readers")
         lines.append(f"  exclusive     {kind} by {who(pid)} ({state})")
     else:
         lines.append("  exclusive     none")
@@ -231,14 +234,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
+    with _open(args.name).attached() as lk:
         changed = lk.pause()
     print(f"{args.name}: {'paused' if changed else 'was already paused'}")
     return EXIT_OK
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _open(args.name) as lk:
+    with _open(args.name).attached() as lk:
         if not lk.resume(args.timeout):
             raise _Fail(f"{args.name}: still paused after {args.timeout} s: an update "
                         "holds the pause (see `pyshmlock status`)", EXIT_TIMEOUT)

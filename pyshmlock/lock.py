@@ -14,13 +14,13 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, ContextManager, Dict, List, NoReturn, Optional, Tuple, Union
 
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for, open_error, untrusted_error
 
-__all__ = ["RWLock", "LockInfo", "Recovery", "AttachedProcess", "unlink", "inspect",
-           "SHM_DIR", "SHM_PREFIX", "STALE_POLICIES"]
+__all__ = ["RWLock", "SyncHold", "LockInfo", "Recovery", "AttachedProcess", "unlink",
+           "inspect", "SHM_DIR", "SHM_PREFIX", "STALE_POLICIES"]
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "pyshmlock."
@@ -39,6 +39,12 @@ _release_write = lib.shl_release_write
 _acquire_update = lib.shl_acquire_update
 _release_update = lib.shl_release_update
 _is_paused = lib.shl_is_paused
+
+# Blocking C call -> the kind of its attempt (for _finish's own-hold wait).
+_KIND_OF = {
+    _acquire_read: lib.SHL_KIND_READ, _acquire_write: lib.SHL_KIND_WRITE,
+    _acquire_update: lib.SHL_KIND_UPDATE, lib.shl_resume: lib.SHL_KIND_RESUME,
+}
 
 _LOST_NAMES = (
     (lib.SHL_LOST_WRITE, "write"),
@@ -61,21 +67,53 @@ def check_name(name: Any) -> str:
     return name
 
 
+# Any wait this long or longer is "forever": 2**62 ns is 146 years, and a
+# deadline of now + 2**62 ns cannot overflow int64 (CLOCK_MONOTONIC starts
+# near boot).
+_FOREVER_S = float(1 << 62) / 1e9
+
+
 def deadline_ns(timeout: Optional[float]) -> int:
     """Convert a timeout in seconds to an absolute CLOCK_MONOTONIC deadline.
 
-    None waits forever (-1); 0 tries once.  Negative or NaN is a ValueError.
+    None, ``float("inf")`` and any finite timeout of 146 years or more wait
+    forever (-1); 0 tries once.  Negative or NaN is a ValueError.
     """
     if timeout is None:
         return -1
-    t = float(timeout)
+    try:
+        t = float(timeout)
+    except OverflowError:        # an int too large for a float
+        t = math.inf if timeout > 0 else -math.inf
     if math.isnan(t) or t < 0:
         raise ValueError(f"timeout must be None or >= 0, not {timeout!r}")
-    if math.isinf(t) or t > 1e9:   # beyond 31 years is forever (and fits int64)
+    if t >= _FOREVER_S:
         return -1
     if t == 0:
         return 0
     return time.monotonic_ns() + int(t * 1e9)
+
+
+def lock_timeout_deadline(blocking: bool, timeout: Optional[float]) -> int:
+    """The deadline of ``acquire(blocking, timeout)`` with threading.Lock's
+    conventions: -1 (or None) waits forever, blocking=False tries once."""
+    if not blocking:
+        if timeout is not None and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        return 0
+    if timeout is None or (timeout == -1 and not isinstance(timeout, bool)):
+        return -1
+    return deadline_ns(timeout)
+
+
+class _Octal(int):
+    """An int that shows as octal, so that help() prints ``mode=0o600``."""
+
+    def __repr__(self) -> str:
+        return oct(self)
+
+
+DEFAULT_MODE = _Octal(0o600)
 
 
 # ----------------------------------------------------------- attachments
@@ -94,6 +132,11 @@ class _Attachment:
 
 _registry: Dict[Tuple[int, int], _Attachment] = {}
 _registry_lock = threading.Lock()
+
+# Called with the segment key just before this process detaches from a
+# segment (the asyncio layer forgets its helper there).  A hook, so that
+# this module never imports pyshmlock.aio: aio imports lock, not back.
+_detach_hooks: List[Callable[[Tuple[int, int]], None]] = []
 
 
 def _fresh_lock_in_child() -> None:
@@ -168,6 +211,8 @@ def _detach(att: _Attachment) -> None:
         if att.refs == 1:
             for hook in _close_hooks:
                 hook(att)
+            for hook in _detach_hooks:
+                hook(att.key)
             rc = lib.shl_close(att.handle)
             if rc == lib.SHL_EBUSY:
                 raise LockInUseError(
@@ -223,6 +268,8 @@ class LockInfo:
     pause_count: int
     writer_pid: Optional[int]
     updater_pid: Optional[int]
+    #: True once the writer/updater holds the lock; False while its claim
+    #: still waits for readers to leave.
     exclusive_granted: bool
     readers: Dict[int, int]
     waiters: Dict[int, int]
@@ -272,71 +319,241 @@ def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
         return True
     if rc == _TIMEDOUT:
         return False
+    if rc == lib.SHL_EDEADLK and deadline >= 0 and fn in _KIND_OF:
+        # This thread has the exclusive hold it asks for.  Only a wait
+        # without end is refused (WouldDeadlockError); a try says False and
+        # a timed wait waits, as threading.Lock's would (another thread of
+        # this process may release the hold).
+        return deadline > 0 and _wait_as_any_thread(h, _KIND_OF[fn], deadline, what, name)
     raise error_for(rc, what, name)
 
 
-class _Hold:
-    """Context manager for one kind of hold; also usable with ``async with``.
+def _wait_as_any_thread(h: Any, kind: int, deadline: int, what: str, name: str) -> bool:
+    """A timed wait that does not count this thread's own exclusive hold as
+    a deadlock: the attempt is made as any thread of the process."""
+    w = ffi.new("shl_waiter *")
+    w.kind = kind
+    w.shared_thread = 1
+    try:
+        while True:
+            rc = lib.shl_try(h, w)
+            if rc == _OK:
+                return True
+            if rc != lib.SHL_AGAIN:
+                raise error_for(rc, what, name)
+            rc = lib.shl_wait(h, w, deadline)
+            if rc == _TIMEDOUT:
+                break
+            if rc not in (_OK, _EINTR):   # on EINTR, signal handlers run here
+                raise error_for(rc, what, name)
+    except BaseException:
+        lib.shl_cancel(h, w)
+        raise
+    lib.shl_cancel(h, w)
+    return False
 
-    ``__enter__``/``__exit__`` call the C core directly: with no timeout this
-    is the same cost as acquire_*/release_*."""
 
-    __slots__ = ("_lock", "_c_acquire", "_c_release", "_timeout", "_what", "_kind")
+# The state word's bits that say whether a new hold would wait (see the
+# layout at the top of csrc/shmlock.c).
+_ST_OWNER = 0x0FFF
+_ST_PAUSED = 0x4000
 
-    def __init__(self, lock: "RWLock", kind: int, timeout: Optional[float]) -> None:
-        self._lock = lock
-        self._kind = kind
-        self._c_acquire, self._c_release, self._what = _HOLD_KINDS[kind]
-        self._timeout = timeout
+#: The one table of hold kinds, for the blocking and the asyncio holds:
+#: kind code -> (name, C acquire, C release, what a message calls it).
+HOLD_KINDS: Dict[int, Tuple[str, Callable[[Any, int], int], Callable[[Any], int], str]] = {
+    lib.SHL_KIND_READ: ("read", _acquire_read, _release_read, "read hold"),
+    lib.SHL_KIND_WRITE: ("write", _acquire_write, _release_write, "write hold"),
+    lib.SHL_KIND_UPDATE: ("update", _acquire_update, _release_update, "update hold"),
+}
 
-    def __enter__(self) -> "_Hold":
-        h = self._lock._h
-        if self._timeout is None:
+# Set by pyshmlock.aio when it is imported (pyshmlock's __init__ always
+# imports it): the coroutine that waits for a hold without blocking a loop.
+_async_acquire: Optional[Callable[..., Any]] = None
+
+
+def hold_would_wait(lock: "RWLock", code: int) -> bool:
+    """``locked()`` of a hold: whether a new hold of this kind would have to
+    wait right now (a snapshot, like threading.Lock.locked())."""
+    h = lock._handle()
+    s = lib.shl_load_state(h)
+    if code == lib.SHL_KIND_READ:
+        return bool(s & (_ST_OWNER | _ST_PAUSED))
+    if s & _ST_OWNER:
+        return True
+    if code == lib.SHL_KIND_UPDATE and s & _ST_PAUSED:
+        return False          # a paused lock's readers do not hold an update back
+    return lock.is_locked()
+
+
+def hold_repr(hold: Any, cls: str) -> str:
+    """``<locked pyshmlock.SyncHold object (write hold of lock 'x') at 0x...>``:
+    the shape of threading.Lock's repr."""
+    lock = hold.lock
+    try:
+        state = "locked" if hold.locked() else "unlocked"
+    except ValueError:
+        state = "closed"
+    t = "" if hold.timeout is None else f", timeout {hold.timeout} s"
+    return (f"<{state} pyshmlock.{cls} object ({hold.kind} hold of lock "
+            f"{lock.name!r}{t}) at {id(hold):#x}>")
+
+
+class SyncHold:
+    """One kind of hold (``kind`` is "read", "write" or "update") of an
+    :class:`RWLock`, shaped like :class:`threading.Lock`.
+
+    ``with hold:`` takes the hold for the block (raising TimeoutError if
+    ``timeout`` was given and passes); ``async with hold:`` does the same
+    without blocking the event loop.  ``acquire(blocking=True,
+    timeout=-1)``, ``release()`` and ``locked()`` follow threading.Lock, so
+    ``threading.Condition(lock.writer_lock)`` works.  Holds belong to the
+    process: any thread may release what another thread of the process
+    acquired.  A thread that acquires a write or update hold it already
+    holds gets WouldDeadlockError (``acquire(blocking=False)`` returns False).
+    """
+
+    __slots__ = ("lock", "kind", "timeout", "_code", "_c_acquire", "_c_release", "_what",
+                 "__weakref__")
+
+    def __init__(self, lock: "RWLock", code: int, timeout: Optional[float]) -> None:
+        self.lock = lock
+        self._code = code
+        self.kind, self._c_acquire, self._c_release, self._what = HOLD_KINDS[code]
+        self.timeout = timeout
+
+    # The uncontended enter and exit are one C call each.
+    def __enter__(self) -> "SyncHold":
+        h = self.lock._h
+        if self.timeout is None:
             rc = self._c_acquire(h, -1)
             if rc == _OK:
                 return self
             d = -1
         else:
-            d = deadline_ns(self._timeout)
+            d = deadline_ns(self.timeout)
             rc = self._c_acquire(h, d)
-        if not _finish(rc, self._c_acquire, h, d, self._what, self._lock.name):
-            raise TimeoutError(f"{self._what} of lock {self._lock.name!r} not had "
-                               f"within {self._timeout} s")
+        if not _finish(rc, self._c_acquire, h, d, self._what, self.lock.name):
+            raise TimeoutError(f"{self._what} of lock {self.lock.name!r} not had "
+                               f"within {self.timeout} s")
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        rc = self._c_release(self._lock._h)
+        rc = self._c_release(self.lock._h)
         if rc:
-            raise error_for(rc, "release of " + self._what, self._lock.name)
+            raise error_for(rc, "release of " + self._what, self.lock.name)
 
-    async def __aenter__(self) -> "_Hold":
-        from .aio import async_acquire
-        if not await async_acquire(self._lock, self._kind, self._timeout):
-            raise TimeoutError(f"{self._what} of lock {self._lock.name!r} not had "
-                               f"within {self._timeout} s")
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the hold, as threading.Lock.acquire: True once had, False if
+        ``blocking`` is false and it is not free, or on timeout."""
+        d = lock_timeout_deadline(blocking, timeout)
+        h = self.lock._handle()
+        return _finish(self._c_acquire(h, d), self._c_acquire, h, d, self._what,
+                       self.lock.name)
+
+    def release(self) -> None:
+        """Give the hold back (NotHeldError, a RuntimeError, if this process
+        has none)."""
+        self.__exit__()
+
+    def locked(self) -> bool:
+        """Whether a new hold of this kind would have to wait now."""
+        return hold_would_wait(self.lock, self._code)
+
+    async def __aenter__(self) -> "SyncHold":
+        assert _async_acquire is not None
+        if not await _async_acquire(self.lock, self._code, self.timeout):
+            raise TimeoutError(f"{self._what} of lock {self.lock.name!r} not had "
+                               f"within {self.timeout} s")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         self.__exit__()
 
+    def __repr__(self) -> str:
+        return hold_repr(self, "SyncHold")
 
-_HOLD_KINDS = {
-    lib.SHL_KIND_READ: (_acquire_read, _release_read, "read hold"),
-    lib.SHL_KIND_WRITE: (_acquire_write, _release_write, "write hold"),
-    lib.SHL_KIND_UPDATE: (_acquire_update, _release_update, "update hold"),
-}
+
+class _Attached:
+    """What ``attached()`` returns: the lock for a ``with`` (or ``async
+    with``) block, closed when the block ends."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> Any:
+        return self._lock
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.close()
+
+    async def __aenter__(self) -> Any:
+        return self._lock
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._lock.close()
+
+
+def no_plain_with(lock: Any, word: str) -> TypeError:
+    """The error of ``with lock:`` on a lock object: it would take no hold."""
+    kind = type(lock).__name__
+    return TypeError(
+        f"`{word} {kind}` would take no hold: use `{word} lock.reader_lock:` or "
+        f"`{word} lock.writer_lock:` (or update_lock, read(timeout), "
+        f"write(timeout), update(timeout)); to close the lock when a block ends "
+        f"use `{word} {kind}(name).attached() as lock:`")
+
+
+def own_holds(lock: "RWLock") -> str:
+    """This process's holds of the lock, for a repr: "read x2, write"."""
+    h = lock._h
+    snap = ffi.new("shl_snapshot *")
+    if h == ffi.NULL or lib.shl_info(h, snap) != _OK:
+        return "?"
+    held = []
+    slot = ffi.new("shl_slot_snapshot *")
+    if snap.self_slot >= 0 and lib.shl_slot_info(h, snap.self_slot, slot) == _OK \
+            and slot.readers:
+        held.append(f"read x{slot.readers}")
+    if snap.exclusive_slot >= 0 and snap.exclusive_slot == snap.self_slot:
+        kind = "update" if snap.exclusive_kind == lib.SHL_KIND_UPDATE else "write"
+        held.append(kind if snap.exclusive_granted else f"{kind} (claimed, waiting)")
+    return "holds " + ", ".join(held) if held else "holds nothing"
+
+
+def _reopen(cls: type, name: str) -> Any:
+    """Unpickle a lock: open it again by name, never creating it."""
+    return cls(name, create=False)
 
 
 class RWLock:
     """A reader/writer lock with a pause gate, shared by every process that
     opens the same name.
 
+    ``RWLock(name, *, create=True, mode=0o600, max_processes=256, group=None,
+    stale="reset")``
+
     ``name`` is 1-200 characters of ``[A-Za-z0-9._-]``; the lock lives in the
     POSIX shared-memory object ``/pyshmlock.<name>``.  With ``create=True``
-    (the default) the first opener creates it with permissions ``mode`` and
-    room for ``max_processes`` attached processes; later openers get the
-    creator's values.  ``create=False`` raises FileNotFoundError if it does
-    not exist.
+    (the default) the first opener creates it with permissions ``mode``
+    (default ``0o600``: owner read/write) and room for ``max_processes``
+    attached processes; later openers get the creator's values.
+    ``create=False`` raises FileNotFoundError if it does not exist.
+
+    Holds, as :class:`SyncHold` objects shaped like threading.Lock:
+
+    - ``with lock.reader_lock:`` a shared (read) hold for the block;
+    - ``with lock.writer_lock:`` the exclusive (write) hold;
+    - ``with lock.update_lock:`` the pause-aware exclusive (update) hold;
+    - ``with lock.read(timeout)`` / ``write(timeout)`` / ``update(timeout)``:
+      the same, raising TimeoutError if not had in time.
+
+    Each also works with ``async with`` and has ``acquire(blocking=True,
+    timeout=-1)`` / ``release()`` / ``locked()``.  ``with lock:`` itself is a
+    TypeError (it would take no hold); ``with RWLock(name).attached() as
+    lock:`` closes the lock when the block ends.  A lock pickles as its
+    name: unpickling opens it again with ``create=False``.
 
     Whoever can write the segment must be trusted (docs/DESIGN.md, "Trust
     model"), so an existing segment is used only if this user owns it, or,
@@ -356,12 +573,19 @@ class RWLock:
 
     Holds belong to the process: any thread of the process that took a hold
     may release it, and a forked child holds nothing.  Every ``acquire_*``
-    takes ``timeout`` in seconds: None waits forever, 0 tries once; it
-    returns False on timeout.  Waiting releases the GIL and stays
-    interruptible by Ctrl-C.
+    takes ``timeout`` in seconds: None (or inf, or any very long time) waits
+    forever, 0 tries once; it returns False on timeout.  Waiting releases the
+    GIL and stays interruptible by Ctrl-C.
     """
 
-    def __init__(self, name: str, *, create: bool = True, mode: int = 0o600,
+    #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
+    reader_lock: SyncHold
+    #: ``with lock.writer_lock:`` holds the write lock for the block.
+    writer_lock: SyncHold
+    #: ``with lock.update_lock:`` holds an update for the block.
+    update_lock: SyncHold
+
+    def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Union[None, int, str] = None,
                  stale: str = "reset") -> None:
         check_name(name)
@@ -383,12 +607,9 @@ class RWLock:
             except BaseException:
                 _detach(self._att)
                 raise
-        #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
-        self.reader_lock = _Hold(self, lib.SHL_KIND_READ, None)
-        #: ``with lock.writer_lock:`` holds the write lock for the block.
-        self.writer_lock = _Hold(self, lib.SHL_KIND_WRITE, None)
-        #: ``with lock.update_lock:`` holds an update for the block.
-        self.update_lock = _Hold(self, lib.SHL_KIND_UPDATE, None)
+        self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)
+        self.writer_lock = SyncHold(self, lib.SHL_KIND_WRITE, None)
+        self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
 
     def _handle(self) -> Any:
         h = self._h
@@ -496,20 +717,20 @@ class RWLock:
 
     # -- context managers with timeouts --------------------------------
 
-    def read(self, timeout: Optional[float] = None) -> _Hold:
+    def read(self, timeout: Optional[float] = None) -> SyncHold:
         """``with lock.read(timeout=1):`` - a read hold, TimeoutError if not had in time."""
         deadline_ns(timeout)   # validate now, not at __enter__
-        return _Hold(self, lib.SHL_KIND_READ, timeout)
+        return SyncHold(self, lib.SHL_KIND_READ, timeout)
 
-    def write(self, timeout: Optional[float] = None) -> _Hold:
+    def write(self, timeout: Optional[float] = None) -> SyncHold:
         """``with lock.write(timeout=1):`` - the write hold, TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return _Hold(self, lib.SHL_KIND_WRITE, timeout)
+        return SyncHold(self, lib.SHL_KIND_WRITE, timeout)
 
-    def update(self, timeout: Optional[float] = None) -> _Hold:
+    def update(self, timeout: Optional[float] = None) -> SyncHold:
         """``with lock.update(timeout=1):`` - an update hold, TimeoutError if not had in time."""
         deadline_ns(timeout)
-        return _Hold(self, lib.SHL_KIND_UPDATE, timeout)
+        return SyncHold(self, lib.SHL_KIND_UPDATE, timeout)
 
     # -- observability -------------------------------------------------
 
@@ -595,14 +816,24 @@ class RWLock:
         self._h = ffi.NULL            # the C core refuses a NULL handle
         self.__class__ = _ClosedRWLock
 
-    def __enter__(self) -> "RWLock":
-        return self
+    def attached(self) -> ContextManager["RWLock"]:
+        """``with RWLock(name).attached() as lock:`` - the lock for the block,
+        closed when it ends (like contextlib.closing)."""
+        return _Attached(self)
+
+    def __enter__(self) -> NoReturn:
+        """Refused with TypeError: ``with lock:`` would take no hold."""
+        raise no_plain_with(self, "with")
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        """Never reached: ``__enter__`` refuses."""
+
+    def __reduce__(self) -> Any:
+        return (_reopen, (RWLock, self.name))
 
     def __repr__(self) -> str:
-        return f"<pyshmlock.RWLock {self.name!r} {'paused' if self.paused else 'running'}>"
+        return (f"<pyshmlock.RWLock {self.name!r} {'paused' if self.paused else 'running'}, "
+                f"this process {own_holds(self)}>")
 
 
 class _ClosedRWLock(RWLock):
@@ -616,6 +847,9 @@ class _ClosedRWLock(RWLock):
     pause = resume = wait_resumed = wait_drained = is_locked = info = _closed
     read = write = update = _closed
     paused = property(_closed)   # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (_reopen, (RWLock, self.name))
 
     def close(self) -> None:
         """Already closed: nothing to do."""

@@ -11,6 +11,11 @@ import pytest
 import pyshmlock
 
 FORK = mp.get_context("fork")
+
+# Import-path stand-ins for SGLang's own tests (see test_sglang_compat.py),
+# not tests: collecting them would put a fake ``sglang`` in sys.modules.
+collect_ignore = ["sglang_shim"]
+
 SHM_DIR = "/dev/shm"
 
 

@@ -88,7 +88,7 @@ def test_5000_parked_tasks_on_a_paused_lock(lock_name, children):
         assert elapsed < 2.0, f"all 5000 got in {elapsed:.2f} s after resume"
 
     asyncio.run(main())
-    assert not alock.is_locked()
+    assert not alock.locked()
     alock.close()
 
 
@@ -179,7 +179,7 @@ def test_timeouts_and_context_managers(lock_name, children):
             async with alock.read(0.05):
                 pass
         async with alock.read(5):
-            assert alock.is_locked()
+            assert alock.locked()
         async with alock.writer_lock:
             assert alock.info().writer_pid == os.getpid()
         alock.pause()
@@ -195,7 +195,7 @@ def test_timeouts_and_context_managers(lock_name, children):
             await alock.acquire_read(-1)
 
     asyncio.run(main())
-    assert not alock.is_locked()
+    assert not alock.locked()
     alock.close()
 
 
@@ -229,12 +229,12 @@ def test_sglang_method_names(lock_name):
 
     async def main():
         await alock.acquire_reader()
-        assert alock.is_locked()
+        assert await alock.is_locked()
         await alock.release_reader()
         await alock.acquire_writer()
         assert alock.info().writer_pid == os.getpid()
         await alock.release_writer()
-        assert not alock.is_locked()
+        assert not await alock.is_locked()
 
     asyncio.run(main())
     alock.close()
@@ -263,5 +263,5 @@ def test_several_loops_in_several_threads(lock_name, children):
     for t in threads:
         t.join(10)
     assert results == [True, True, True]
-    assert not alock.is_locked()
+    assert not alock.locked()
     alock.close()

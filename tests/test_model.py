@@ -35,8 +35,11 @@ class LockModel(RuleBasedStateMachine):
     @rule()
     def acquire_read(self):
         if self.exclusive:
+            # a try on this thread's own exclusive hold fails; only a wait
+            # without end is refused as a deadlock
+            assert self.lock.acquire_read(0) is False
             with pytest.raises(pyshmlock.WouldDeadlockError):
-                self.lock.acquire_read(0)
+                self.lock.acquire_read(None)
             return
         expected = not self.paused
         assert self.lock.acquire_read(0) is expected
@@ -54,8 +57,11 @@ class LockModel(RuleBasedStateMachine):
     @rule()
     def acquire_write(self):
         if self.exclusive:
+            # a try on this thread's own exclusive hold fails; only a wait
+            # without end is refused as a deadlock
+            assert self.lock.acquire_write(0) is False
             with pytest.raises(pyshmlock.WouldDeadlockError):
-                self.lock.acquire_write(0)
+                self.lock.acquire_write(None)
             return
         expected = self.reads == 0
         assert self.lock.acquire_write(0) is expected
@@ -65,8 +71,11 @@ class LockModel(RuleBasedStateMachine):
     @rule()
     def acquire_update(self):
         if self.exclusive:
+            # a try on this thread's own exclusive hold fails; only a wait
+            # without end is refused as a deadlock
+            assert self.lock.acquire_update(0) is False
             with pytest.raises(pyshmlock.WouldDeadlockError):
-                self.lock.acquire_update(0)
+                self.lock.acquire_update(None)
             return
         expected = self.paused or self.reads == 0
         assert self.lock.acquire_update(0) is expected
@@ -99,8 +108,11 @@ class LockModel(RuleBasedStateMachine):
     @rule()
     def resume(self):
         if self.paused and self.exclusive == "update":
+            # a try on this thread's own exclusive hold fails; only a wait
+            # without end is refused as a deadlock
+            assert self.lock.resume(0) is False
             with pytest.raises(pyshmlock.WouldDeadlockError):
-                self.lock.resume(0)
+                self.lock.resume(None)
             return
         assert self.lock.resume(0) is True
         self.paused = False
@@ -121,6 +133,7 @@ class LockModel(RuleBasedStateMachine):
         assert sum(info.readers.values()) == self.reads
         assert (info.writer_pid is not None) is (self.exclusive == "write")
         assert (info.updater_pid is not None) is (self.exclusive == "update")
+        assert info.exclusive_granted is (self.exclusive is not None)
         assert not info.waiters and not info.queued_readers
 
 
