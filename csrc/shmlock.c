@@ -1912,6 +1912,20 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
 
 /* --------------------------------------------------------- observability */
 
+/* Is the exclusive claim in state word s a hold (granted), not merely a
+ * claim?  GRANTED is set before the claimant's last scan of the reader
+ * counts, so it may still wait for readers then.  The header's exclusive_pid
+ * is written only once the hold is granted (grant_exclusive) and cleared
+ * before the claim bits on release; owner_pid is the claimant slot's pid.
+ * Relaxed is enough for a snapshot: the seq_cst load of s already follows the
+ * release CAS that ended any earlier hold, so that holder's clear is visible
+ * and its pid cannot pass for the claimant's. */
+static int exclusive_held(const struct shl_header *hd, uint32_t s, uint32_t owner_pid)
+{
+    return (s & ST_GRANTED) && owner_of(s) != 0 && owner_pid != 0 &&
+           atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == owner_pid;
+}
+
 static int do_info(shl_lock *h, shl_snapshot *out)
 {
     int r = ensure_attached(h);
@@ -1928,15 +1942,7 @@ static int do_info(shl_lock *h, shl_snapshot *out)
     out->exclusive_slot = o;
     out->exclusive_kind = o < 0 ? 0 : (s & ST_UPDATE) ? SHL_KIND_UPDATE : SHL_KIND_WRITE;
     out->exclusive_pid = o < 0 ? 0 : atomic_load_explicit(&h->slots[o].pid, memory_order_relaxed);
-    /* Held, not merely claimed: GRANTED is set before the claimant's last
-     * scan of the reader counts, so it may still wait for readers then.
-     * The header's exclusive_pid is written only once the hold is granted
-     * (grant_exclusive) and cleared before the claim bits on release.
-     * Relaxed is enough for a snapshot: the seq_cst load of the state above
-     * already follows the release CAS that ended any earlier hold, so that
-     * holder's clear is visible and its pid cannot pass for the claimant's. */
-    out->exclusive_granted = (s & ST_GRANTED) && o >= 0 && out->exclusive_pid != 0 &&
-        atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == out->exclusive_pid;
+    out->exclusive_granted = exclusive_held(hd, s, out->exclusive_pid);
     out->epoch = ST_EPOCH(s);
     out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
     out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);
@@ -2172,8 +2178,8 @@ int shl_observe_info(shl_observer *o, shl_snapshot *out)
     out->paused = (s & ST_PAUSED) != 0;
     out->exclusive_slot = ix;
     out->exclusive_kind = ix < 0 ? 0 : (s & ST_UPDATE) ? SHL_KIND_UPDATE : SHL_KIND_WRITE;
-    out->exclusive_granted = (s & ST_GRANTED) != 0;
     out->exclusive_pid = ix < 0 ? 0 : atomic_load_explicit(&o->slots[ix].pid, memory_order_relaxed);
+    out->exclusive_granted = exclusive_held(hd, s, out->exclusive_pid);
     out->epoch = ST_EPOCH(s);
     out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
     out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);

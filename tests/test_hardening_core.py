@@ -391,7 +391,7 @@ def test_would_deadlock_names_only_the_thread_that_holds(lock):
             assert lock.acquire_write(2)
             a_holds.set()
             with pytest.raises(pyshmlock.WouldDeadlockError):
-                lock.acquire_write(0)        # A itself holds it: an error
+                lock.acquire_write()         # A itself holds it: waiting forever is an error
             a_holds.clear()
             lock.release_write()
             b_holds.wait(0.05)
