@@ -20,28 +20,28 @@ import asyncio
 import os
 import threading
 import time
+import weakref
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._shmlock import ffi, lib
 from .errors import error_for
-from .lock import RWLock, _Hold, deadline_ns
+from .lock import RWLock, _Hold, _close_hooks, deadline_ns
 
 __all__ = ["AsyncRWLock", "async_acquire"]
 
 _try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
-_SLEEPER_BITS = 0x00018000        # SLEEPERS | DRAINERS: not part of any condition
-_HELPER_IDLE_EXIT_S = 5.0
-_WATCH_SLICE_NS = 200_000_000     # the helper re-checks its parked set this often
 
 
 class _Parked:
-    __slots__ = ("loop", "future", "waiter")
+    __slots__ = ("loop", "future", "waiter", "gen", "lw")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, future: "asyncio.Future[None]",
                  waiter: Any) -> None:
         self.loop = loop
         self.future = future
         self.waiter = waiter
+        self.gen = 0
+        self.lw: Optional[_LoopWake] = None
 
 
 def _wake_futures(futures: List["asyncio.Future[None]"]) -> None:
@@ -50,69 +50,136 @@ def _wake_futures(futures: List["asyncio.Future[None]"]) -> None:
             f.set_result(None)
 
 
+class _LoopWake:
+    """One event loop's eventfd for one helper, and its parked attempts.
+
+    Kept as long as the loop object lives, so that parking again costs no
+    system call.  Holds no reference to its loop (the helper keys it weakly
+    by loop).  fd is -1 once closed; only the helper's mu changes it."""
+    __slots__ = ("fd", "parked", "__weakref__")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.parked: Dict[int, _Parked] = {}
+
+
 class _Helper:
-    """The one thread per (process, lock) that sleeps for the parked tasks."""
+    """The one thread per (process, lock) that sleeps for the parked tasks.
+
+    The thread is C (``shl_watcher``): it never takes the GIL.  When a word
+    that a parked attempt waits on changes, it writes to one eventfd per
+    event loop; the loop's reader callback wakes that loop's parked tasks,
+    and each retries its attempt on its own loop.  Parking registers the
+    attempt with the thread at once (a kick), whatever word it waits on.
+    """
 
     def __init__(self, handle: Any, name: str) -> None:
         self.handle = handle
         self.name = name
-        self.cond = threading.Condition()
-        self.parked: Dict[int, _Parked] = {}
-        self.thread: Optional[threading.Thread] = None
+        self.mu = threading.Lock()
+        self.closed = False
+        self.loops: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = \
+            weakref.WeakKeyDictionary()
+        self.watcher = lib.shl_watcher_new(handle)
+        if self.watcher == ffi.NULL:
+            raise MemoryError("pyshmlock: no memory for the asyncio watcher")
+        self._gen = ffi.new("uint64_t *")
 
-    def park(self, p: _Parked) -> None:
-        with self.cond:
-            self.parked[id(p.future)] = p
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, daemon=True,
-                                               name=f"pyshmlock-aio-{self.name}")
-                self.thread.start()
-            self.cond.notify()
+    def park(self, p: _Parked) -> bool:
+        """Register p (on p.loop's thread).  False: its word already changed,
+        or this helper is closing; retry the attempt now."""
+        with self.mu:
+            if self.closed:
+                return False
+            lw = self.loops.get(p.loop)
+            if lw is None:
+                lw = self._add_loop(p.loop)
+            rc = lib.shl_watcher_park(self.watcher, p.waiter, self._gen)
+            if rc == lib.SHL_OK:
+                p.gen = self._gen[0]
+                p.lw = lw
+                lw.parked[id(p.future)] = p
+                return True
+        if rc == lib.SHL_AGAIN or rc == lib.SHL_ECLOSED:
+            return False
+        raise error_for(rc, "park", self.name)
 
-    def unpark(self, future: "asyncio.Future[None]") -> None:
-        with self.cond:
-            self.parked.pop(id(future), None)
+    def _add_loop(self, loop: asyncio.AbstractEventLoop) -> _LoopWake:
+        # Caller holds mu and runs on loop's thread.
+        fd = lib.shl_watcher_add_loop(self.watcher)
+        if fd < 0:
+            raise error_for(fd, "park", self.name)
+        lw = _LoopWake(fd)
+        try:
+            loop.add_reader(fd, self._on_wake, lw)
+        except BaseException:
+            lib.shl_watcher_drop_loop(self.watcher, fd)
+            os.close(fd)
+            raise
+        self.loops[loop] = lw
+        weakref.finalize(loop, self._close_fd, lw)
+        return lw
 
-    def _wake(self, items: List[_Parked]) -> None:
-        by_loop: Dict[asyncio.AbstractEventLoop, List["asyncio.Future[None]"]] = {}
-        with self.cond:
-            for p in items:
-                if self.parked.pop(id(p.future), None) is not None:
-                    by_loop.setdefault(p.loop, []).append(p.future)
-        for loop, futures in by_loop.items():
+    def unpark(self, p: _Parked) -> None:
+        """Forget p (on p.loop's thread): woken, cancelled or timed out."""
+        lw = p.lw
+        if lw is None:
+            return
+        with self.mu:
+            if lw.parked.pop(id(p.future), None) is not None and not self.closed:
+                lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+
+    @staticmethod
+    def _on_wake(lw: _LoopWake) -> None:
+        # On the loop's thread: the watcher wrote to our eventfd.
+        try:
+            os.read(lw.fd, 8)
+        except OSError:
+            pass        # nothing to read (a wake-up already consumed), or closed
+        for p in list(lw.parked.values()):
+            if not p.future.done():
+                p.future.set_result(None)
+
+    def _close_fd(self, lw: _LoopWake) -> None:
+        # The loop is gone (or forgets us): the watcher writes to fd no more.
+        with self.mu:
+            if lw.fd < 0:
+                return
+            if not self.closed:
+                lib.shl_watcher_drop_loop(self.watcher, lw.fd)
+            os.close(lw.fd)
+            lw.fd = -1
+
+    def _forget(self, loop: asyncio.AbstractEventLoop, lw: _LoopWake) -> None:
+        try:
+            if lw.fd >= 0:
+                loop.remove_reader(lw.fd)
+        finally:
+            self._close_fd(lw)
+
+    def close(self) -> None:
+        """Stop watching: mark closed, wake every parked task (each retries
+        and sees the lock closed, or parks again on a fresh helper), then
+        stop and join the thread.  Safe from any thread; idempotent."""
+        with self.mu:
+            if self.closed:
+                return
+            self.closed = True
+            loops = list(self.loops.items())
+            self.loops.clear()
+        for loop, lw in loops:
             try:
-                loop.call_soon_threadsafe(_wake_futures, futures)
+                loop.call_soon_threadsafe(_wake_futures,
+                                          [p.future for p in list(lw.parked.values())])
             except RuntimeError:
                 pass    # that loop is closed; its tasks are gone
-
-    def _run(self) -> None:
-        h = self.handle
-        while True:
-            with self.cond:
-                if not self.parked:
-                    self.cond.wait(_HELPER_IDLE_EXIT_S)
-                    if not self.parked:
-                        self.thread = None
-                        return
-                items = list(self.parked.values())
-            state = lib.shl_load_state(h)
-            seq = lib.shl_load_drain_seq(h)
-            # A task whose attempt saw other values than these is woken now;
-            # the rest had their conditions decided on exactly these values,
-            # so sleeping on them cannot miss a change.
-            stale = [p for p in items if
-                     (p.waiter.on_drain and p.waiter.expect != seq) or
-                     (not p.waiter.on_drain and
-                      (p.waiter.expect ^ state) & ~_SLEEPER_BITS & 0xFFFFFFFF)]
-            if stale:
-                self._wake(stale)
-                continue
-            what = 0
-            for p in items:
-                what |= lib.SHL_WATCH_DRAIN if p.waiter.on_drain else lib.SHL_WATCH_STATE
-            rc = lib.shl_watch(h, state, seq, what, time.monotonic_ns() + _WATCH_SLICE_NS)
-            if rc == lib.SHL_OK:
-                self._wake(items)
+        lib.shl_watcher_free(self.watcher)     # joins the thread: no more writes
+        self.watcher = ffi.NULL
+        for loop, lw in loops:
+            try:
+                loop.call_soon_threadsafe(self._forget, loop, lw)
+            except RuntimeError:
+                self._close_fd(lw)      # a closed loop watches nothing any more
 
 
 _helpers: Dict[Tuple[int, int], _Helper] = {}
@@ -122,6 +189,8 @@ _helpers_lock = threading.Lock()
 def _reset_in_child() -> None:
     # After fork() no helper thread runs in the child, its parked futures
     # belong to the parent's loops, and a lock may have been held: start over.
+    # The parent's watchers are left alone (their mutexes may have been held
+    # at the fork); the child makes its own.
     global _helpers_lock
     _helpers_lock = threading.Lock()
     _helpers.clear()
@@ -136,9 +205,20 @@ def _helper_for(lock: RWLock) -> _Helper:
         raise ValueError(f"lock {lock.name!r} is closed")
     with _helpers_lock:
         helper = _helpers.get(att.key)
-        if helper is None or helper.handle != att.handle:
+        if helper is None or helper.handle != att.handle or helper.closed:
             helper = _helpers[att.key] = _Helper(att.handle, lock.name)
         return helper
+
+
+def _close_helper(key: Tuple[int, int]) -> None:
+    """Stop the helper of an attachment that is about to be closed."""
+    with _helpers_lock:
+        helper = _helpers.pop(key, None)
+    if helper is not None:
+        helper.close()
+
+
+_close_hooks.append(_close_helper)
 
 
 async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bool:
@@ -160,7 +240,6 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
     w.kind = kind
     w.shared_thread = 1
     loop = asyncio.get_running_loop()
-    helper: Optional[_Helper] = None
     try:
         while True:
             rc = lib.shl_try(h, w)
@@ -172,16 +251,17 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
             if remaining is not None and remaining <= 0:
                 lib.shl_cancel(h, w)
                 return False
-            if helper is None:
-                helper = _helper_for(lock)
+            helper = _helper_for(lock)
             fut: "asyncio.Future[None]" = loop.create_future()
+            parked = _Parked(loop, fut, w)
+            if not helper.park(parked):
+                continue        # its word changed already: retry at once
             timer = None if remaining is None else loop.call_later(
                 remaining, _wake_futures, [fut])
-            helper.park(_Parked(loop, fut, w))
             try:
                 await fut
             finally:
-                helper.unpark(fut)
+                helper.unpark(parked)
                 if timer is not None:
                     timer.cancel()
     except BaseException:

@@ -139,9 +139,16 @@ def _attach(name: str, create: bool, mode: int, max_processes: int) -> _Attachme
         return att
 
 
+#: Called with an attachment's key before its handle is closed (the asyncio
+#: helper stops its watcher thread there).
+_close_hooks: List[Callable[[Tuple[int, int]], None]] = []
+
+
 def _detach(att: _Attachment) -> None:
     with _registry_lock:
         if att.refs == 1:
+            for hook in _close_hooks:
+                hook(att.key)
             rc = lib.shl_close(att.handle)
             if rc == lib.SHL_EBUSY:
                 raise LockInUseError(
