@@ -1775,10 +1775,9 @@ void shl_watcher_drop_loop(shl_watcher *wt, int fd)
     pthread_mutex_lock(&wt->mu);
     for (int i = 0; i < wt->nfds; i++) {
         if (wt->fds[i] == fd) {
+            /* Under mu, where the thread writes: once this returns it never
+             * writes to fd again, and the caller may close it. */
             wt->fds[i] = wt->fds[--wt->nfds];
-            /* Closed under mu: the thread writes to the fds only under mu,
-             * so it can never write to a reused descriptor number. */
-            close(fd);
             break;
         }
     }
@@ -1796,9 +1795,7 @@ void shl_watcher_free(shl_watcher *wt)
     watcher_kick(wt);
     if (join)
         pthread_join(wt->tid, NULL);
-    for (int i = 0; i < wt->nfds; i++)
-        close(wt->fds[i]);
-    free(wt->fds);
+    free(wt->fds);      /* the fds themselves are the caller's to close */
     pthread_mutex_destroy(&wt->mu);
     free(wt);
 }

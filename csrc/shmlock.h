@@ -167,10 +167,12 @@ uint32_t shl_load_drain_seq(shl_lock *h);
  *                        SHL_ESYS (no thread).
  *   shl_watcher_unpark   forget it (cancelled, timed out, or retried).
  *   shl_watcher_add_loop a new eventfd (or <0) that the thread writes to
- *                        when the parked attempts should retry.
- *   shl_watcher_drop_loop forget and close it.
- *   shl_watcher_free     stop and join the thread, close the fds, free.
- *                        Call it before the lock's handle is closed. */
+ *                        when the parked attempts should retry; the caller
+ *                        owns it and closes it after dropping it.
+ *   shl_watcher_drop_loop the thread writes to fd no more once it returns.
+ *   shl_watcher_free     stop and join the thread, free (the thread writes
+ *                        to no fd any more).  Call it before the lock's
+ *                        handle is closed. */
 typedef struct shl_watcher shl_watcher;
 shl_watcher *shl_watcher_new(shl_lock *h);
 int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen);
