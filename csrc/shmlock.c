@@ -1735,9 +1735,11 @@ void shl_watcher_unpark(shl_watcher *wt, const shl_waiter *w, uint64_t gen)
     /* A broadcast since the park already forgot this registration. */
     if (gen == wt->gen) {
         if (w->on_drain) {
-            if (wt->n_drain) wt->n_drain--;
+            if (wt->n_drain && --wt->n_drain == 0)
+                wt->qdirty = 0;     /* nobody left who expected another value */
         } else {
-            if (wt->n_state) wt->n_state--;
+            if (wt->n_state && --wt->n_state == 0)
+                wt->sdirty = 0;
         }
     }
     pthread_mutex_unlock(&wt->mu);
