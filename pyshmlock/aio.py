@@ -76,6 +76,7 @@ class _Helper:
     def __init__(self, handle: Any, name: str) -> None:
         self.handle = handle
         self.name = name
+        self.pid = os.getpid()
         self.mu = threading.Lock()
         self.closed = False
         self.loops: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = \
@@ -142,6 +143,8 @@ class _Helper:
 
     def _close_fd(self, lw: _LoopWake) -> None:
         # The loop is gone (or forgets us): the watcher writes to fd no more.
+        if os.getpid() != self.pid:
+            return      # a forked child: the parent's locks may be held forever
         with self.mu:
             if lw.fd < 0:
                 return
