@@ -7,11 +7,12 @@ How a coroutine waits:
 2. If the attempt must wait, the task parks on a future.  Its attempt keeps
    its place in the protocol (an owed-reader registration, or a writer's
    claim, which already blocks new readers).
-3. One helper thread per lock per process sleeps in ``shl_watch`` on the
-   futex words that the parked attempts wait on, and on the processes they
-   wait for.  When anything changes it hands the wake-up to every parked
-   task's loop with ``call_soon_threadsafe``.  Every woken task retries its
-   attempt, so no wake-up is lost.
+3. One helper thread per lock per process (``shl_watcher``, in C, never
+   holding the GIL) sleeps on the futex words that the parked attempts wait
+   on, and on the processes they wait for.  A newly parked attempt is
+   watched at once.  When anything changes it writes to one eventfd per
+   event loop; the loop's reader callback wakes its parked tasks.  Every
+   woken task retries its attempt, so no wake-up is lost.
 4. Cancellation or timeout withdraws the attempt (``shl_cancel``): no hold,
    no waiter count and no writer claim is left behind, and readers that a
    cancelled writer was blocking get in at once.
