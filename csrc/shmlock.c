@@ -1745,6 +1745,16 @@ void shl_watcher_unpark(shl_watcher *wt, const shl_waiter *w, uint64_t gen)
     pthread_mutex_unlock(&wt->mu);
 }
 
+uint64_t shl_watcher_gen(shl_watcher *wt)
+{
+    if (wt == NULL)
+        return 0;
+    pthread_mutex_lock(&wt->mu);
+    uint64_t g = wt->gen;
+    pthread_mutex_unlock(&wt->mu);
+    return g;
+}
+
 int shl_watcher_add_loop(shl_watcher *wt)
 {
     if (wt == NULL)

@@ -166,6 +166,9 @@ uint32_t shl_load_drain_seq(shl_lock *h);
  *                        word already changed (retry now), SHL_ECLOSED,
  *                        SHL_ESYS (no thread).
  *   shl_watcher_unpark   forget it (cancelled, timed out, or retried).
+ *   shl_watcher_gen      the current generation: registrations made in an
+ *                        older one were forgotten when the thread woke
+ *                        everybody, and need no unpark.
  *   shl_watcher_add_loop a new eventfd (or <0) that the thread writes to
  *                        when the parked attempts should retry; the caller
  *                        owns it and closes it after dropping it.
@@ -177,6 +180,7 @@ typedef struct shl_watcher shl_watcher;
 shl_watcher *shl_watcher_new(shl_lock *h);
 int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen);
 void shl_watcher_unpark(shl_watcher *wt, const shl_waiter *w, uint64_t gen);
+uint64_t shl_watcher_gen(shl_watcher *wt);
 int shl_watcher_add_loop(shl_watcher *wt);
 void shl_watcher_drop_loop(shl_watcher *wt, int fd);
 void shl_watcher_free(shl_watcher *wt);

@@ -123,22 +123,35 @@ class _Helper:
         return lw
 
     def unpark(self, p: _Parked) -> None:
-        """Forget p (on p.loop's thread): woken, cancelled or timed out."""
+        """Forget p (on p.loop's thread): cancelled, timed out, or woken
+        (then _on_wake already forgot it, and this costs nothing)."""
         lw = p.lw
-        if lw is None:
+        # lw.parked changes only on the loop's thread (close() only reads it).
+        if lw is None or lw.parked.pop(id(p.future), None) is None:
             return
         with self.mu:
-            if lw.parked.pop(id(p.future), None) is not None and not self.closed:
+            if not self.closed:
                 lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
 
-    @staticmethod
-    def _on_wake(lw: _LoopWake) -> None:
-        # On the loop's thread: the watcher wrote to our eventfd.
+    def _on_wake(self, lw: _LoopWake) -> None:
+        # On the loop's thread: the watcher wrote to our eventfd.  Every task
+        # parked here retries.  Their registrations were forgotten when the
+        # watcher woke everybody, except those made since (still counted).
         try:
             os.read(lw.fd, 8)
         except OSError:
             pass        # nothing to read (a wake-up already consumed), or closed
-        for p in list(lw.parked.values()):
+        parked = lw.parked
+        if not parked:
+            return
+        lw.parked = {}
+        with self.mu:
+            if not self.closed:
+                gen = lib.shl_watcher_gen(self.watcher)
+                for p in parked.values():
+                    if p.gen == gen:
+                        lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+        for p in parked.values():
             if not p.future.done():
                 p.future.set_result(None)
 
