@@ -192,6 +192,35 @@ int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t w
               int64_t deadline_ns);
 uint32_t shl_load_drain_seq(shl_lock *h);
 
+/* The asyncio watcher: one C thread per (process, lock), started on the
+ * first park, that sleeps for every parked attempt of the process and wakes
+ * the event loops through one eventfd each (see shmlock.c).  No Python and
+ * no GIL on the wake path.
+ *   shl_watcher_new      NULL if h is NULL or out of memory.
+ *   shl_watcher_park     register a parked attempt (after shl_try gave
+ *                        SHL_AGAIN): SHL_OK and *gen set, SHL_AGAIN if its
+ *                        word already changed (retry now), SHL_ECLOSED,
+ *                        SHL_ESYS (no thread).
+ *   shl_watcher_unpark   forget it (cancelled, timed out, or retried).
+ *   shl_watcher_gen      the current generation: registrations made in an
+ *                        older one were forgotten when the thread woke
+ *                        everybody, and need no unpark.
+ *   shl_watcher_add_loop a new eventfd (or <0) that the thread writes to
+ *                        when the parked attempts should retry; the caller
+ *                        owns it and closes it after dropping it.
+ *   shl_watcher_drop_loop the thread writes to fd no more once it returns.
+ *   shl_watcher_free     stop and join the thread, free (the thread writes
+ *                        to no fd any more).  Call it before the lock's
+ *                        handle is closed. */
+typedef struct shl_watcher shl_watcher;
+shl_watcher *shl_watcher_new(shl_lock *h);
+int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen);
+void shl_watcher_unpark(shl_watcher *wt, const shl_waiter *w, uint64_t gen);
+uint64_t shl_watcher_gen(shl_watcher *wt);
+int shl_watcher_add_loop(shl_watcher *wt);
+void shl_watcher_drop_loop(shl_watcher *wt, int fd);
+void shl_watcher_free(shl_watcher *wt);
+
 /* Observability. */
 int shl_info(shl_lock *h, shl_snapshot *out);
 int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out);

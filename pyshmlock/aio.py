@@ -7,11 +7,12 @@ How a coroutine waits:
 2. If the attempt must wait, the task parks on a future.  Its attempt keeps
    its place in the protocol (an owed-reader registration, or a writer's
    claim, which already blocks new readers).
-3. One helper thread per lock per process sleeps in ``shl_watch`` on the
-   futex words that the parked attempts wait on, and on the processes they
-   wait for.  When anything changes it hands the wake-up to every parked
-   task's loop with ``call_soon_threadsafe``.  Every woken task retries its
-   attempt, so no wake-up is lost.
+3. One helper thread per lock per process (``shl_watcher``, in C, never
+   holding the GIL) sleeps on the futex words that the parked attempts wait
+   on, and on the processes they wait for.  A newly parked attempt is
+   watched at once.  When anything changes it writes to one eventfd per
+   event loop; the loop's reader callback wakes its parked tasks.  Every
+   woken task retries its attempt, so no wake-up is lost.
 4. Cancellation or timeout withdraws the attempt (``shl_cancel``): no hold,
    no waiter count and no writer claim is left behind, and readers that a
    cancelled writer was blocking get in at once.
@@ -20,6 +21,7 @@ import asyncio
 import os
 import threading
 import time
+import weakref
 from typing import Any, ContextManager, Coroutine, Dict, List, NoReturn, Optional, Tuple
 
 from . import lock as _lock_module
@@ -32,19 +34,18 @@ from .lock import (DEFAULT_MODE, HOLD_KINDS, RWLock, _Attached, _Attachment, _cl
 __all__ = ["AsyncRWLock", "AsyncHold", "async_acquire"]
 
 _try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
-_SLEEPER_BITS = 0x00018000        # SLEEPERS | DRAINERS: not part of any condition
-_HELPER_IDLE_EXIT_S = 5.0
-_WATCH_SLICE_NS = 200_000_000     # the helper re-checks its parked set this often
 
 
 class _Parked:
-    __slots__ = ("loop", "future", "waiter")
+    __slots__ = ("loop", "future", "waiter", "gen", "lw")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, future: "asyncio.Future[None]",
                  waiter: Any) -> None:
         self.loop = loop
         self.future = future
         self.waiter = waiter
+        self.gen = 0
+        self.lw: Optional[_LoopWake] = None
 
 
 def _wake_futures(futures: List["asyncio.Future[None]"]) -> None:
@@ -53,72 +54,152 @@ def _wake_futures(futures: List["asyncio.Future[None]"]) -> None:
             f.set_result(None)
 
 
+class _LoopWake:
+    """One event loop's eventfd for one helper, and its parked attempts.
+
+    Kept as long as the loop object lives, so that parking again costs no
+    system call.  Holds no reference to its loop (the helper keys it weakly
+    by loop).  fd is -1 once closed; only the helper's mu changes it."""
+    __slots__ = ("fd", "parked", "__weakref__")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.parked: Dict[int, _Parked] = {}
+
+
 class _Helper:
-    """The one thread per (process, lock) that sleeps for the parked tasks."""
+    """The one thread per (process, lock) that sleeps for the parked tasks.
+
+    The thread is C (``shl_watcher``): it never takes the GIL.  When a word
+    that a parked attempt waits on changes, it writes to one eventfd per
+    event loop; the loop's reader callback wakes that loop's parked tasks,
+    and each retries its attempt on its own loop.  Parking registers the
+    attempt with the thread at once (a kick), whatever word it waits on.
+    """
 
     def __init__(self, handle: Any, name: str) -> None:
         self.handle = handle
         self.name = name
-        self.cond = threading.Condition()
-        self.parked: Dict[int, _Parked] = {}
-        self.thread: Optional[threading.Thread] = None
-        self.stopping = False       # close() asked the idle thread to leave now
+        self.pid = os.getpid()
+        self.mu = threading.Lock()
+        self.closed = False
+        self.loops: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = \
+            weakref.WeakKeyDictionary()
+        self.watcher = lib.shl_watcher_new(handle)
+        if self.watcher == ffi.NULL:
+            raise MemoryError("pyshmlock: no memory for the asyncio watcher")
+        self._gen = ffi.new("uint64_t *")
 
-    def park(self, p: _Parked) -> None:
-        with self.cond:
-            self.stopping = False
-            self.parked[id(p.future)] = p
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._run, daemon=True,
-                                               name=f"pyshmlock-aio-{self.name}")
-                self.thread.start()
-            self.cond.notify()
+    def park(self, p: _Parked) -> bool:
+        """Register p (on p.loop's thread).  False: its word already changed,
+        or this helper is closing; retry the attempt now."""
+        with self.mu:
+            if self.closed:
+                return False
+            lw = self.loops.get(p.loop)
+            if lw is None:
+                lw = self._add_loop(p.loop)
+            rc = lib.shl_watcher_park(self.watcher, p.waiter, self._gen)
+            if rc == lib.SHL_OK:
+                p.gen = self._gen[0]
+                p.lw = lw
+                lw.parked[id(p.future)] = p
+                return True
+        if rc == lib.SHL_AGAIN or rc == lib.SHL_ECLOSED:
+            return False
+        raise error_for(rc, "park", self.name)
 
-    def unpark(self, future: "asyncio.Future[None]") -> None:
-        with self.cond:
-            self.parked.pop(id(future), None)
+    def _add_loop(self, loop: asyncio.AbstractEventLoop) -> _LoopWake:
+        # Caller holds mu and runs on loop's thread.
+        fd = lib.shl_watcher_add_loop(self.watcher)
+        if fd < 0:
+            raise error_for(fd, "park", self.name)
+        lw = _LoopWake(fd)
+        try:
+            loop.add_reader(fd, self._on_wake, lw)
+        except BaseException:
+            lib.shl_watcher_drop_loop(self.watcher, fd)
+            os.close(fd)
+            raise
+        self.loops[loop] = lw
+        weakref.finalize(loop, self._close_fd, lw)
+        return lw
 
-    def _wake(self, items: List[_Parked]) -> None:
-        by_loop: Dict[asyncio.AbstractEventLoop, List["asyncio.Future[None]"]] = {}
-        with self.cond:
-            for p in items:
-                if self.parked.pop(id(p.future), None) is not None:
-                    by_loop.setdefault(p.loop, []).append(p.future)
-        for loop, futures in by_loop.items():
+    def unpark(self, p: _Parked) -> None:
+        """Forget p (on p.loop's thread): cancelled, timed out, or woken
+        (then _on_wake already forgot it, and this costs nothing)."""
+        lw = p.lw
+        # lw.parked changes only on the loop's thread (close() only reads it).
+        if lw is None or lw.parked.pop(id(p.future), None) is None:
+            return
+        with self.mu:
+            if not self.closed:
+                lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+
+    def _on_wake(self, lw: _LoopWake) -> None:
+        # On the loop's thread: the watcher wrote to our eventfd.  Every task
+        # parked here retries.  Their registrations were forgotten when the
+        # watcher woke everybody, except those made since (still counted).
+        try:
+            os.read(lw.fd, 8)
+        except OSError:
+            pass        # nothing to read (a wake-up already consumed), or closed
+        parked = lw.parked
+        if not parked:
+            return
+        lw.parked = {}
+        with self.mu:
+            if not self.closed:
+                gen = lib.shl_watcher_gen(self.watcher)
+                for p in parked.values():
+                    if p.gen == gen:
+                        lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+        for p in parked.values():
+            if not p.future.done():
+                p.future.set_result(None)
+
+    def _close_fd(self, lw: _LoopWake) -> None:
+        # The loop is gone (or forgets us): the watcher writes to fd no more.
+        if os.getpid() != self.pid:
+            return      # a forked child: the parent's locks may be held forever
+        with self.mu:
+            if lw.fd < 0:
+                return
+            if not self.closed:
+                lib.shl_watcher_drop_loop(self.watcher, lw.fd)
+            os.close(lw.fd)
+            lw.fd = -1
+
+    def _forget(self, loop: asyncio.AbstractEventLoop, lw: _LoopWake) -> None:
+        try:
+            if lw.fd >= 0:
+                loop.remove_reader(lw.fd)
+        finally:
+            self._close_fd(lw)
+
+    def close(self) -> None:
+        """Stop watching: mark closed, wake every parked task (each retries
+        and sees the lock closed, or parks again on a fresh helper), then
+        stop and join the thread.  Safe from any thread; idempotent."""
+        with self.mu:
+            if self.closed:
+                return
+            self.closed = True
+            loops = list(self.loops.items())
+            self.loops.clear()
+        for loop, lw in loops:
             try:
-                loop.call_soon_threadsafe(_wake_futures, futures)
+                loop.call_soon_threadsafe(_wake_futures,
+                                          [p.future for p in list(lw.parked.values())])
             except RuntimeError:
                 pass    # that loop is closed; its tasks are gone
-
-    def _run(self) -> None:
-        h = self.handle
-        while True:
-            with self.cond:
-                if not self.parked:
-                    if not self.stopping:
-                        self.cond.wait(_HELPER_IDLE_EXIT_S)
-                    if not self.parked:
-                        self.thread = None
-                        return
-                items = list(self.parked.values())
-            state = lib.shl_load_state(h)
-            seq = lib.shl_load_drain_seq(h)
-            # A task whose attempt saw other values than these is woken now;
-            # the rest had their conditions decided on exactly these values,
-            # so sleeping on them cannot miss a change.
-            stale = [p for p in items if
-                     (p.waiter.on_drain and p.waiter.expect != seq) or
-                     (not p.waiter.on_drain and
-                      (p.waiter.expect ^ state) & ~_SLEEPER_BITS & 0xFFFFFFFF)]
-            if stale:
-                self._wake(stale)
-                continue
-            what = 0
-            for p in items:
-                what |= lib.SHL_WATCH_DRAIN if p.waiter.on_drain else lib.SHL_WATCH_STATE
-            rc = lib.shl_watch(h, state, seq, what, time.monotonic_ns() + _WATCH_SLICE_NS)
-            if rc == lib.SHL_OK or rc < 0:   # < 0 (closed, corrupt): the retry reports it
-                self._wake(items)
+        lib.shl_watcher_free(self.watcher)     # joins the thread: no more writes
+        self.watcher = ffi.NULL
+        for loop, lw in loops:
+            try:
+                loop.call_soon_threadsafe(self._forget, loop, lw)
+            except RuntimeError:
+                self._close_fd(lw)      # a closed loop watches nothing any more
 
 
 _helpers: Dict[Tuple[int, int], _Helper] = {}
@@ -128,6 +209,8 @@ _helpers_lock = threading.Lock()
 def _reset_in_child() -> None:
     # After fork() no helper thread runs in the child, its parked futures
     # belong to the parent's loops, and a lock may have been held: start over.
+    # The parent's watchers are left alone (their mutexes may have been held
+    # at the fork); the child makes its own.
     global _helpers_lock
     _helpers_lock = threading.Lock()
     _helpers.clear()
@@ -137,45 +220,25 @@ os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _before_close(att: _Attachment) -> None:
-    """close() refuses while tasks are parked on this attachment; otherwise
-    the helper thread leaves shl_watch (within one slice) before the core's
-    close, which would refuse while it is inside."""
+    """The last close of an attachment: refuse while tasks of this process
+    are parked on it (LockInUseError); otherwise forget its helper and stop
+    the watcher thread before the core closes the handle (the thread counts
+    as a call in flight, so the core would refuse while it runs)."""
     with _helpers_lock:
         helper = _helpers.get(att.key)
-    if helper is None or helper.handle != att.handle:
-        return
-    with helper.cond:
-        if helper.parked:
+        if helper is None:
+            return
+        with helper.mu:
+            waiting = sum(len(lw.parked) for lw in helper.loops.values())
+        if waiting:
             raise LockInUseError(
-                f"lock {att.name!r}: close() while {len(helper.parked)} asyncio task(s) "
-                "of this process are waiting for it; cancel them or let them finish first")
-        helper.stopping = True
-        helper.cond.notify_all()
-        thread = helper.thread
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(2 * _WATCH_SLICE_NS / 1e9 + 1.0)
+                f"lock {att.name!r}: close() while {waiting} asyncio task(s) of this "
+                "process are waiting for it; cancel them or let them finish first")
+        del _helpers[att.key]
+    helper.close()
 
 
 _close_hooks.append(_before_close)
-
-
-def _forget_helper(key: Tuple[int, int]) -> None:
-    """This process detaches from the segment ``key``: drop its helper, and
-    let the helper thread end now rather than after its idle time."""
-    with _helpers_lock:
-        helper = _helpers.pop(key, None)
-    if helper is None:
-        return
-    with helper.cond:
-        thread = helper.thread
-        if helper.parked:
-            return     # tasks still wait on it; it ends by itself when they are gone
-        helper.cond.notify_all()   # an idle helper wakes, sees nothing parked, ends
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(1.0)
-
-
-_lock_module._detach_hooks.append(_forget_helper)
 
 
 def _helper_for(lock: RWLock) -> _Helper:
@@ -184,7 +247,7 @@ def _helper_for(lock: RWLock) -> _Helper:
         raise ValueError(f"lock {lock.name!r} is closed")
     with _helpers_lock:
         helper = _helpers.get(att.key)
-        if helper is None or helper.handle != att.handle:
+        if helper is None or helper.handle != att.handle or helper.closed:
             helper = _helpers[att.key] = _Helper(att.handle, lock.name)
         return helper
 
@@ -211,7 +274,6 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
     w.kind = kind
     w.shared_thread = 1
     loop = asyncio.get_running_loop()
-    helper: Optional[_Helper] = None
     try:
         while True:
             rc = lib.shl_try(h, w)
@@ -223,16 +285,17 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
             if remaining is not None and remaining <= 0:
                 lib.shl_cancel(h, w)
                 return False
-            if helper is None:
-                helper = _helper_for(lock)
+            helper = _helper_for(lock)
             fut: "asyncio.Future[None]" = loop.create_future()
+            parked = _Parked(loop, fut, w)
+            if not helper.park(parked):
+                continue        # its word changed already: retry at once
             timer = None if remaining is None else loop.call_later(
                 remaining, _wake_futures, [fut])
-            helper.park(_Parked(loop, fut, w))
             try:
                 await fut
             finally:
-                helper.unpark(fut)
+                helper.unpark(parked)
                 if timer is not None:
                     timer.cancel()
     except BaseException:

@@ -133,11 +133,6 @@ class _Attachment:
 _registry: Dict[Tuple[int, int], _Attachment] = {}
 _registry_lock = threading.Lock()
 
-# Called with the segment key just before this process detaches from a
-# segment (the asyncio layer forgets its helper there).  A hook, so that
-# this module never imports pyshmlock.aio: aio imports lock, not back.
-_detach_hooks: List[Callable[[Tuple[int, int]], None]] = []
-
 
 def _fresh_lock_in_child() -> None:
     # Another thread may have held the lock at fork(): the child would hang
@@ -201,8 +196,9 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         return att
 
 
-# Run before the last close of an attachment; a hook raises LockInUseError
-# to refuse, or stops what it runs on the handle (aio: the helper thread).
+# Run before the last close of an attachment: a hook raises LockInUseError
+# to refuse, or stops what it runs on the handle (aio: the watcher thread).
+# A hook, so that this module never imports pyshmlock.aio: aio imports lock.
 _close_hooks: List[Callable[[_Attachment], None]] = []
 
 
@@ -211,8 +207,6 @@ def _detach(att: _Attachment) -> None:
         if att.refs == 1:
             for hook in _close_hooks:
                 hook(att)
-            for hook in _detach_hooks:
-                hook(att.key)
             rc = lib.shl_close(att.handle)
             if rc == lib.SHL_EBUSY:
                 raise LockInUseError(

@@ -265,3 +265,106 @@ def test_several_loops_in_several_threads(lock_name, children):
     assert results == [True, True, True]
     assert not alock.locked()
     alock.close()
+
+
+def test_late_parked_drain_waiter_is_watched_at_once(lock_name):
+    """Issue 12 defect 6: a task that parks on wait_drained while the helper
+    already sleeps for a task parked on the state word alone is watched
+    within a few ms, not at the end of a sleep slice.  Compared, in the same
+    run, with a drain waiter that parks while nothing else is parked."""
+    blocking = pyshmlock.RWLock(lock_name)
+    alock = pyshmlock.AsyncRWLock(lock_name)
+
+    async def drain_wake(late):
+        blocking.acquire_read()
+        gate = None
+        if late:
+            alock.pause()
+            gate = asyncio.ensure_future(alock.wait_resumed(timeout=10))
+            await asyncio.sleep(0.01)          # the helper now sleeps on the state word
+        drained = asyncio.ensure_future(alock.wait_drained(timeout=10))
+        await asyncio.sleep(0.01)              # parked
+        assert not drained.done()
+        t0 = time.monotonic()
+        blocking.release_read()
+        assert await drained is True
+        took = time.monotonic() - t0
+        if gate is not None:
+            await alock.resume(timeout=5)
+            assert await gate is True
+        return took
+
+    async def main():
+        early = [await drain_wake(False) for _ in range(3)]
+        late = [await drain_wake(True) for _ in range(3)]
+        return sorted(early)[1], min(late)
+
+    try:
+        early, late = asyncio.run(main())
+        # The old helper noticed the late waiter only when its sleep slice
+        # ended: 80-200 ms here.  Watched at once, it wakes like the early one.
+        assert late < max(10 * early, 0.03), (early, late)
+    finally:
+        alock.close()
+        blocking.close()
+
+
+def async_read_in_child(q, name):
+    alock = pyshmlock.AsyncRWLock(name)
+
+    async def main():
+        t = asyncio.ensure_future(alock.acquire_read(10))
+        await asyncio.sleep(0.1)
+        assert not t.done()
+        q.put("parked")
+        ok = await t
+        alock.release_read()
+        return ok
+
+    q.put(("child", asyncio.run(main())))
+    alock.close()
+
+
+def test_fork_child_watches_with_its_own_thread(lock_name, children):
+    """A child forked while this process's watcher thread sleeps for a
+    parked task has no such thread: it starts its own, and both wake."""
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    alock.pause()
+    result = []
+
+    def parent_loop():
+        async def main():
+            ok = await alock.acquire_read(10)
+            alock.release_read()
+            return ok
+        result.append(asyncio.run(main()))
+
+    t = threading.Thread(target=parent_loop)
+    t.start()
+    time.sleep(0.2)                 # parked: the watcher thread sleeps
+    c = children(async_read_in_child, lock_name)
+    c.expect("parked")
+    children(resume_after, lock_name, 0.0).get()
+    c.expect(("child", True))
+    t.join(10)
+    assert result == [True]
+    assert not alock.locked()
+    alock.close()
+
+
+def test_close_stops_the_watcher_thread(lock_name):
+    """The watcher thread is joined when the last object of the lock closes;
+    a loop that parked on it leaves no descriptor open."""
+    alock = pyshmlock.AsyncRWLock(lock_name)     # starts the keeper thread
+    alock.pause()
+    before_threads = os_threads()
+    before_fds = len(os.listdir("/proc/self/fd"))
+
+    async def main():
+        assert await alock.acquire_read(0.05) is False      # parked, timed out
+        assert os_threads() > before_threads
+
+    asyncio.run(main())
+    alock.close()
+    assert os_threads() == before_threads
+    assert len(os.listdir("/proc/self/fd")) == before_fds
