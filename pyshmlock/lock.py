@@ -72,6 +72,19 @@ def deadline_ns(timeout: Optional[float]) -> int:
     return time.monotonic_ns() + int(t * 1e9)
 
 
+# ==================================================== C fast path (issue 14)
+# RWLock's hold calls (acquire_*/release_*, paused) and the sync holds'
+# __enter__/__exit__ are methods of C base types, pyshmlock._fast
+# (csrc/fastpath.c): no Python frame, and the GIL is released only when a
+# call must wait.  The base types call the core through the cffi module's
+# entry points, handed over here with the timeout rule above (edge cases)
+# and the error mapping.  Subclasses must not override those methods.
+from . import _fastpath  # noqa: E402
+
+_fastpath.setup(deadline_ns)
+# ================================================ end of C fast path block
+
+
 # ----------------------------------------------------------- attachments
 
 class _Attachment:
@@ -217,45 +230,19 @@ def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
     raise error_for(rc, what, name)
 
 
-class _Hold:
+class _Hold(_fastpath.Hold):
     """Context manager for one kind of hold; also usable with ``async with``.
 
-    ``__enter__``/``__exit__`` call the C core directly: with no timeout this
-    is the same cost as acquire_*/release_*."""
+    ``_Hold(lock, kind, timeout)``; ``__enter__``/``__exit__`` are the C base's
+    (csrc/fastpath.c): with no timeout the same cost as acquire_*/release_*."""
 
-    __slots__ = ("_lock", "_c_acquire", "_c_release", "_timeout", "_what", "_kind")
-
-    def __init__(self, lock: "RWLock", kind: int, timeout: Optional[float]) -> None:
-        self._lock = lock
-        self._kind = kind
-        self._c_acquire, self._c_release, self._what = _HOLD_KINDS[kind]
-        self._timeout = timeout
-
-    def __enter__(self) -> "_Hold":
-        h = self._lock._h
-        if self._timeout is None:
-            rc = self._c_acquire(h, -1)
-            if rc == _OK:
-                return self
-            d = -1
-        else:
-            d = deadline_ns(self._timeout)
-            rc = self._c_acquire(h, d)
-        if not _finish(rc, self._c_acquire, h, d, self._what, self._lock.name):
-            raise TimeoutError(f"{self._what} of lock {self._lock.name!r} not had "
-                               f"within {self._timeout} s")
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        rc = self._c_release(self._lock._h)
-        if rc:
-            raise error_for(rc, "release of " + self._what, self._lock.name)
+    __slots__ = ()
 
     async def __aenter__(self) -> "_Hold":
         from .aio import async_acquire
         if not await async_acquire(self._lock, self._kind, self._timeout):
-            raise TimeoutError(f"{self._what} of lock {self._lock.name!r} not had "
-                               f"within {self._timeout} s")
+            raise TimeoutError(f"{_HOLD_KINDS[self._kind][2]} of lock {self._lock.name!r} "
+                               f"not had within {self._timeout} s")
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -269,7 +256,7 @@ _HOLD_KINDS = {
 }
 
 
-class RWLock:
+class RWLock(_fastpath.Lock):
     """A reader/writer lock with a pause gate, shared by every process that
     opens the same name.
 
@@ -299,6 +286,7 @@ class RWLock:
         self.name = name
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes)
         self._h = self._att.handle
+        self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
         self.reader_lock = _Hold(self, lib.SHL_KIND_READ, None)
         #: ``with lock.writer_lock:`` holds the write lock for the block.
@@ -313,56 +301,9 @@ class RWLock:
         return h
 
     # -- holds ---------------------------------------------------------
-
-    def acquire_read(self, timeout: Optional[float] = None) -> bool:
-        """Take a shared hold.  Waits while the lock is paused, or while a
-        writer holds it or queued before this reader."""
-        if timeout is None:
-            rc = _acquire_read(self._h, -1)
-            if rc == _OK:
-                return True
-            return _finish(rc, _acquire_read, self._h, -1, "acquire_read", self.name)
-        d = deadline_ns(timeout)
-        return _finish(_acquire_read(self._h, d), _acquire_read, self._h, d,
-                       "acquire_read", self.name)
-
-    def release_read(self) -> None:
-        """Give back one read hold of this process (RuntimeError if none)."""
-        rc = _release_read(self._h)
-        if rc:
-            raise error_for(rc, "release_read", self.name)
-
-    def acquire_write(self, timeout: Optional[float] = None) -> bool:
-        """Take the exclusive hold: blocks new readers at once, then waits for
-        every read hold in every process, paused or not."""
-        d = deadline_ns(timeout)
-        return _finish(_acquire_write(self._h, d), _acquire_write, self._h, d,
-                       "acquire_write", self.name)
-
-    def release_write(self) -> None:
-        """Give back this process's write hold (RuntimeError if none)."""
-        rc = _release_write(self._h)
-        if rc:
-            raise error_for(rc, "release_write", self.name)
-
-    def acquire_update(self, timeout: Optional[float] = None) -> bool:
-        """Take the pause-aware exclusive hold.
-
-        Exclusive against every write or update hold.  If the lock is paused
-        it does not wait for readers (the pause froze them) and it pins the
-        pause: resume() waits until the update is released.  If not paused
-        it waits for readers like a writer, and proceeds at once if a pause
-        arrives while it waits.
-        """
-        d = deadline_ns(timeout)
-        return _finish(_acquire_update(self._h, d), _acquire_update, self._h, d,
-                       "acquire_update", self.name)
-
-    def release_update(self) -> None:
-        """Give back this process's update hold (RuntimeError if none)."""
-        rc = _release_update(self._h)
-        if rc:
-            raise error_for(rc, "release_update", self.name)
+    # acquire_read/release_read, acquire_write/release_write and
+    # acquire_update/release_update(timeout=None) are the C base's
+    # (_fastpath.Lock); they return True, or False on timeout.
 
     # -- the pause gate ------------------------------------------------
 
@@ -384,10 +325,7 @@ class RWLock:
         d = deadline_ns(timeout)
         return _finish(lib.shl_resume(h, d), lib.shl_resume, h, d, "resume", self.name)
 
-    @property
-    def paused(self) -> bool:
-        """Whether the gate is closed (one shared-memory load)."""
-        return _is_paused(self._h) == 1
+    # paused (a property) is the C base's: one shared-memory load.
 
     def wait_resumed(self, timeout: Optional[float] = None) -> bool:
         """Wait until the lock is not paused; False on timeout."""
@@ -491,6 +429,7 @@ class RWLock:
         _detach(att)
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
+        self._fast_bind(0)
         self.__class__ = _ClosedRWLock
 
     def __enter__(self) -> "RWLock":
