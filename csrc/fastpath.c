@@ -179,8 +179,17 @@ static int not_ready(void)
 
 /* -------------------------------------------------------------- waiting */
 
-/* The core's blocking loop from SHL_AGAIN on (csrc/shmlock.c run_blocking). */
-static int wait_loop(shl_lock *h, shl_waiter *w, int64_t deadline, int *err)
+/* Not a core code: a Python exception is set (a signal handler raised). */
+#define PYERR 100
+
+/* The core's blocking loop from SHL_AGAIN on (csrc/shmlock.c run_blocking),
+ * entered without the GIL when ts != NULL.  A wait that returns because
+ * something changed (or the core's periodic safety-net probe) but is not
+ * granted yet takes the GIL back for a moment to run the Python signal
+ * handlers: a signal that arrived while the thread was between two sleeps
+ * gave no EINTR, and would otherwise wait for the deadline. */
+static int wait_loop(shl_lock *h, shl_waiter *w, int64_t deadline, int *err,
+                     PyThreadState **ts)
 {
     int r;
     for (;;) {
@@ -190,6 +199,15 @@ static int wait_loop(shl_lock *h, shl_waiter *w, int64_t deadline, int *err)
         r = core.try_(h, w);
         if (r != SHL_AGAIN)
             break;
+        if (*ts != NULL) {
+            PyEval_RestoreThread(*ts);
+            int sig = PyErr_CheckSignals();
+            *ts = PyEval_SaveThread();
+            if (sig < 0) {
+                r = PYERR;
+                break;
+            }
+        }
     }
     *err = errno;
     if (r != SHL_OK)
@@ -212,11 +230,12 @@ static int attempt(shl_lock *h, int kind, int64_t deadline, int *err)
         core.cancel(h, &w);
         return r;
     }
+    PyThreadState *ts = NULL;
     if (deadline == 0)          /* try once: shl_wait returns at once */
-        return wait_loop(h, &w, 0, err);
-    Py_BEGIN_ALLOW_THREADS
-    r = wait_loop(h, &w, deadline, err);
-    Py_END_ALLOW_THREADS
+        return wait_loop(h, &w, 0, err, &ts);
+    ts = PyEval_SaveThread();
+    r = wait_loop(h, &w, deadline, err, &ts);
+    PyEval_RestoreThread(ts);
     return r;
 }
 
@@ -245,10 +264,14 @@ static int acquire(LockObject *lk, int kind, int64_t deadline, const char *what)
         return not_ready();
     int err = 0;
     int r = attempt(lk->h, kind, deadline, &err);
+    if (r == PYERR)
+        return -1;
     while (r == SHL_EINTR) {
         if (PyErr_CheckSignals() < 0)
             return -1;          /* e.g. KeyboardInterrupt; nothing is left behind */
         r = attempt(lk->h, kind, deadline, &err);   /* re-read: a handler may close */
+        if (r == PYERR)
+            return -1;
     }
     if (r == SHL_OK)
         return 1;
