@@ -335,3 +335,29 @@ def test_fork_child_uses_the_fast_path_on_its_own_slot(lock, children):
     assert c.join() == 0
     assert lock.info().readers == {os.getpid(): 1}
     lock.release_read()
+
+
+def write_in_child(q, lk):
+    assert lk.acquire_write(5)
+    q.put(os.getpid())
+    q.put(lk.info().writer_pid)
+    time.sleep(0.3)
+    lk.release_write()
+    q.put("released")
+
+
+def test_writer_pid_is_the_holders_own_after_fork(lock, children):
+    """The core remembers its pid per attachment (getpid() is a system call);
+    a forked child must still be reported as itself."""
+    assert lock.acquire_write(1)
+    assert lock.info().writer_pid == os.getpid()
+    lock.release_write()
+    c = children(write_in_child, lock)
+    pid = c.get()
+    assert c.get() == pid != os.getpid()
+    assert lock.info().writer_pid == pid
+    c.expect("released")
+    assert c.join() == 0
+    assert lock.acquire_update(1)
+    assert lock.info().updater_pid == os.getpid()
+    lock.release_update()
