@@ -35,7 +35,8 @@
  *      what shl_acquire_*() does, so the protocol sees no difference.  A
  *      timeout of 0 calls shl_wait(deadline 0), which returns SHL_TIMEDOUT
  *      without sleeping, then shl_cancel: also exactly what the core does.
- *   3. SHL_EINTR (a signal during the wait; the attempt was cancelled):
+ *   3. SHL_EINTR (a signal during the wait, or a Ctrl-C seen between two
+ *      sleeps, see wait_loop; the attempt was cancelled):
  *      with the GIL back, PyErr_CheckSignals() runs the Python signal
  *      handlers (Ctrl-C raises KeyboardInterrupt here), then the attempt
  *      starts again with the same deadline, as lock.py's _finish() did.
@@ -179,15 +180,18 @@ static int not_ready(void)
 
 /* -------------------------------------------------------------- waiting */
 
-/* Not a core code: a Python exception is set (a signal handler raised). */
-#define PYERR 100
-
 /* The core's blocking loop from SHL_AGAIN on (csrc/shmlock.c run_blocking),
- * entered without the GIL when ts != NULL.  A wait that returns because
- * something changed (or the core's periodic safety-net probe) but is not
- * granted yet takes the GIL back for a moment to run the Python signal
- * handlers: a signal that arrived while the thread was between two sleeps
- * gave no EINTR, and would otherwise wait for the deadline. */
+ * entered without the GIL when *ts != NULL.
+ *
+ * Ctrl-C between two sleeps: a SIGINT that lands while the thread is not in
+ * the futex system call (or is taken by another thread of the process) makes
+ * no EINTR, and the wait would go on to its deadline.  So a wake-up that
+ * does not grant the hold (a change, or the core's 100 ms safety-net probe)
+ * takes the GIL back for a moment and asks whether SIGINT was tripped.  If
+ * so it re-arms it (PyErr_SetInterrupt) and ends the attempt as SHL_EINTR
+ * does: cancelled, nothing left behind, then the Python handlers run (the
+ * default one raises KeyboardInterrupt).  No Python code runs while the
+ * attempt holds a registration: a handler may use the same lock. */
 static int wait_loop(shl_lock *h, shl_waiter *w, int64_t deadline, int *err,
                      PyThreadState **ts)
 {
@@ -201,10 +205,12 @@ static int wait_loop(shl_lock *h, shl_waiter *w, int64_t deadline, int *err,
             break;
         if (*ts != NULL) {
             PyEval_RestoreThread(*ts);
-            int sig = PyErr_CheckSignals();
+            int interrupted = PyOS_InterruptOccurred();   /* clears the flag... */
+            if (interrupted)
+                PyErr_SetInterrupt();                       /* ...so trip it again */
             *ts = PyEval_SaveThread();
-            if (sig < 0) {
-                r = PYERR;
+            if (interrupted) {
+                r = SHL_EINTR;
                 break;
             }
         }
@@ -264,14 +270,10 @@ static int acquire(LockObject *lk, int kind, int64_t deadline, const char *what)
         return not_ready();
     int err = 0;
     int r = attempt(lk->h, kind, deadline, &err);
-    if (r == PYERR)
-        return -1;
     while (r == SHL_EINTR) {
         if (PyErr_CheckSignals() < 0)
             return -1;          /* e.g. KeyboardInterrupt; nothing is left behind */
         r = attempt(lk->h, kind, deadline, &err);   /* re-read: a handler may close */
-        if (r == PYERR)
-            return -1;
     }
     if (r == SHL_OK)
         return 1;

@@ -266,8 +266,8 @@ def test_ctrl_c_during_a_wait_raises_and_leaves_nothing(lock, writer, how):
     # signal sent to the whole process may be taken by any of its threads;
     # the main thread then sees it only when its wait ends, with or without
     # the fast path.)
-    # Three rounds: before the fast path checked for Python signals after
-    # every wake-up that did not grant the hold, a signal landing while the
+    # Three rounds: before the fast path checked for Ctrl-C after every
+    # wake-up that did not grant the hold, a SIGINT landing while the
     # waiting thread was between two sleeps was seen only at the deadline
     # (about one round in five).
     for _ in range(3):
@@ -313,6 +313,47 @@ def test_a_signal_handler_runs_during_the_wait_which_then_resumes(lock, writer):
     lock.release_read()
     c.expect("released")
     cmd.put("go")   # (the fixture's own "go" is then harmless)
+
+
+def hold_read_until_told(q, name, cmd):
+    lk = pyshmlock.RWLock(name)
+    assert lk.acquire_read(5)
+    q.put("reading")
+    cmd.get(timeout=20)
+    lk.release_read()
+    q.put("released")
+    lk.close()
+
+
+def test_a_handler_runs_with_no_attempt_registered(lock, lock_name, children):
+    """While a write attempt waits for a reader it holds the exclusive claim.
+    A Ctrl-C handler that itself takes a read must find no claim of ours in
+    its way: the attempt is withdrawn before any Python code runs."""
+    import multiprocessing as mp
+    cmd = mp.get_context("fork").Queue()
+    c = children(hold_read_until_told, lock_name, cmd)
+    c.expect("reading")
+    seen = []
+
+    def handler(signum, frame):
+        got = lock.acquire_read(0.5)
+        seen.append(got)
+        if got:
+            lock.release_read()
+        cmd.put("go")
+    old = signal.signal(signal.SIGINT, handler)
+    timer = threading.Timer(0.3, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    try:
+        assert lock.acquire_write(20) is True
+    finally:
+        timer.cancel()
+        timer.join(5)
+        signal.signal(signal.SIGINT, old)
+    assert seen == [True]
+    lock.release_write()
+    c.expect("released")
 
 
 def read_in_child(q, lk):
