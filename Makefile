@@ -7,9 +7,11 @@ SAN_DIR := build/sanitize
 test:
 	pip install -q '.[test]' && pytest
 
-# The C core must compile without a single warning.
+# The C core, the fast-path extension and the bench floors must compile
+# without a single warning (the extensions against the Python headers).
+PY_INCLUDE = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 warnings:
-	for c in csrc/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -c $$c -o /dev/null || exit 1; done
+	for c in csrc/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -I$(PY_INCLUDE) -Icsrc -c $$c -o /dev/null || exit 1; done
 
 # The whole test suite (or SANITIZE_TESTS="paths") against a core built with
 # AddressSanitizer + UBSan.
@@ -17,7 +19,7 @@ warnings:
 # shadows the installed one.
 sanitize: warnings
 	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)
-	cp -r pyshmlock $(SAN_DIR)/ && rm -rf $(SAN_DIR)/pyshmlock/_shmlock.* $(SAN_DIR)/pyshmlock/__pycache__
+	cp -r pyshmlock $(SAN_DIR)/ && rm -rf $(SAN_DIR)/pyshmlock/_shmlock.* $(SAN_DIR)/pyshmlock/_fast.* $(SAN_DIR)/pyshmlock/__pycache__
 	PYSHMLOCK_SANITIZE=1 $(PYTHON) pyshmlock/_build.py $(SAN_DIR)
 	cd $(SAN_DIR) && \
 	  PYSHMLOCK_SANITIZED_RUN=1 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
@@ -46,4 +48,4 @@ fuzz:
 	  -timeout=10 -print_final_stats=1 build/fuzz-corpus
 
 clean:
-	rm -rf build dist *.egg-info pyshmlock/_shmlock.* csrc/*.o
+	rm -rf build dist *.egg-info pyshmlock/_shmlock.* pyshmlock/_fast.*.so csrc/*.o

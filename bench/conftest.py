@@ -1,5 +1,6 @@
 """Microbenchmark fixtures, and a summary that states every figure as a ratio
-to the floors measured in the same run."""
+to the floors (two cffi calls; two bare C-API calls) and to posix_ipc's pair,
+all measured in the same run."""
 import mmap
 import os
 import statistics
@@ -56,10 +57,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         med[b.name.split("[")[0]] = statistics.median(b.stats.data) / per * 1e9
     floor = med.get("test_floor_two_cffi_atomic_calls")
     sem = med.get("test_peer_posix_ipc_semaphore_pair")
+    capi = med.get("test_floor_two_bare_capi_calls")
     tr = terminalreporter
-    tr.section("medians, as ratios to the floors of this run")
-    tr.write_line(f"{'benchmark':46} {'median':>10} {'/ floor':>9} {'/ posix_ipc':>12}")
+    tr.section("medians, as ratios to the floors and to posix_ipc in this run")
+    tr.write_line(f"{'benchmark':46} {'median':>10} {'/ cffi floor':>13} "
+                  f"{'/ C-API floor':>14} {'/ posix_ipc':>12}")
     for name, ns in sorted(med.items(), key=lambda kv: kv[1]):
         r1 = f"{ns / floor:.2f}x" if floor else "-"
+        r3 = f"{ns / capi:.2f}x" if capi else "-"
         r2 = f"{ns / sem:.2f}x" if sem else "-"
-        tr.write_line(f"{name[5:]:46} {ns:>8.0f}ns {r1:>9} {r2:>12}")
+        tr.write_line(f"{name[5:]:46} {ns:>8.0f}ns {r1:>13} {r3:>14} {r2:>12}")

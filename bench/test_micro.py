@@ -4,7 +4,9 @@ one run:  pytest bench/   (needs the bench extra: pip install '.[bench]').
 Each benchmark times one acquire+release pair (or one operation); the
 summary at the end states each median as a ratio to the floor (two cffi calls
 doing one atomic operation each on a shared-memory word) and to
-posix_ipc.Semaphore's pair."""
+posix_ipc.Semaphore's pair.  The floors (that one, and two calls of a bare
+METH_NOARGS C function) are not part of the installed lock: they are compiled
+on first use (pyshmlock/_floors.py) and skipped without a C compiler."""
 import asyncio
 import fcntl
 import multiprocessing as mp
@@ -15,14 +17,22 @@ import pytest
 
 import pyshmlock
 from conftest import PAIRS_PER_ASYNC_CALL
-from pyshmlock._shmlock import ffi, lib
+from pyshmlock._floors import FloorUnavailable, capi_floor, cffi_floor
 
 
-# ---------------------------------------------------------------- floor
+def _floor(build):
+    try:
+        return build()
+    except FloorUnavailable as e:
+        pytest.skip(f"floor not built: {e.name} unavailable")
+
+
+# ---------------------------------------------------------------- floors
 
 def test_floor_two_cffi_atomic_calls(benchmark, shm_word):
-    word = ffi.cast("uint32_t *", ffi.from_buffer(shm_word))
-    add = lib.floor_fetch_add
+    floor = _floor(cffi_floor)
+    word = floor.ffi.cast("uint32_t *", floor.ffi.from_buffer(shm_word))
+    add = floor.lib.floor_fetch_add
 
     def pair():
         add(word, 1)
@@ -31,8 +41,22 @@ def test_floor_two_cffi_atomic_calls(benchmark, shm_word):
 
 
 def test_floor_one_cffi_call(benchmark, shm_word):
-    word = ffi.cast("uint32_t *", ffi.from_buffer(shm_word))
-    benchmark(lib.floor_fetch_add, word, 0)
+    floor = _floor(cffi_floor)
+    word = floor.ffi.cast("uint32_t *", floor.ffi.from_buffer(shm_word))
+    benchmark(floor.lib.floor_fetch_add, word, 0)
+
+
+def test_floor_two_bare_capi_calls(benchmark):
+    noop = _floor(capi_floor).noop
+
+    def pair():
+        noop()
+        noop()
+    benchmark(pair)
+
+
+def test_floor_one_bare_capi_call(benchmark):
+    benchmark(_floor(capi_floor).noop)
 
 
 # ------------------------------------------------------------ pyshmlock
@@ -42,6 +66,15 @@ def test_read_pair_methods(benchmark, lock):
 
     def pair():
         acquire()
+        release()
+    benchmark(pair)
+
+
+def test_read_pair_methods_timeout(benchmark, lock):
+    acquire, release = lock.acquire_read, lock.release_read
+
+    def pair():
+        acquire(5.0)
         release()
     benchmark(pair)
 
@@ -89,7 +122,12 @@ def test_update_pair(benchmark, lock):
 
 
 def test_paused_property(benchmark, lock):
-    benchmark(lambda: lock.paused)
+    # A getter is not callable: time it in a loop of 100 reads per call.
+    def reads():
+        for _ in range(100):
+            lock.paused
+    benchmark.extra_info["pairs_per_call"] = 100
+    benchmark(reads)
 
 
 def test_pause_resume(benchmark, lock):

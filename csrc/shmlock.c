@@ -172,6 +172,8 @@ struct shl_lock {
     uint32_t max;                   /* validated private copy of max_processes */
     int32_t self;                   /* our slot, -1 when not attached */
     uint64_t fork_gen;              /* g_fork_gen when self was taken */
+    uint32_t pid;                   /* getpid() when self was taken: getpid() is a
+                                       system call, too dear for every write */
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
@@ -695,7 +697,8 @@ static int attach_slot(shl_lock *h)
         /* A dead owner may also have held the exclusive claim. */
         if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1)
             recover_slot(h, i);
-        atomic_store_explicit(&sl->pid, (uint32_t)getpid(), memory_order_relaxed);
+        h->pid = (uint32_t)getpid();   /* a forked child re-attaches: fresh pid */
+        atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
         atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
         atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
         h->self = (int32_t)i;
@@ -873,7 +876,7 @@ static void grant_exclusive(shl_lock *h, shl_waiter *w)
     /* excl_thread first, then held_excl with release: see excl_is_this_thread. */
     atomic_store_explicit(&h->excl_thread, (unsigned long)pthread_self(), memory_order_relaxed);
     atomic_store_explicit(&h->held_excl, w->kind, memory_order_release);
-    atomic_store_explicit(&h->hdr->exclusive_pid, (uint32_t)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&h->hdr->exclusive_pid, h->pid, memory_order_relaxed);
 }
 
 /* The claimant waits for owed readers, sets GRANTED, then waits for the

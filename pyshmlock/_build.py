@@ -1,9 +1,15 @@
-"""cffi build script for the pyshmlock C core (out-of-line API mode).
+"""Build script for the pyshmlock C core (cffi, out-of-line API mode) and
+for the fast-path extension pyshmlock._fast (csrc/fastpath.c).
 
 The C declarations are read from ``csrc/shmlock.h`` itself, minus its
 preprocessor guard and includes, so the binding can never drift from the
 header.  ``setup.py`` names this module in ``cffi_modules``; running it
-directly (``python pyshmlock/_build.py``) builds the extension in place.
+directly (``python pyshmlock/_build.py [OUTDIR]``) builds both extensions in
+place (or under OUTDIR).
+
+The fast module is compiled from csrc/fastpath.c alone: it reaches the core
+through function pointers handed over at import (pyshmlock/_fastpath.py),
+so a process holds one copy of the core's code and static state.
 """
 import os
 import re
@@ -18,8 +24,11 @@ CSRC = os.path.join(ROOT, "csrc")
 SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
 
 
-HEADERS = ("shmlock.h", "floor.h")     # the lock core, and the benchmark floors
-SOURCES = ("shmlock.c", "floor.c")
+HEADERS = ("shmlock.h",)     # the lock core (the benchmark floors live in bench/)
+SOURCES = ("shmlock.c",)
+FAST_SOURCE = "fastpath.c"
+# The stable ABI of CPython 3.9: one binary for 3.9 and later.
+LIMITED_API = "0x03090000"
 
 
 def _declarations():
@@ -58,6 +67,34 @@ def make_ffi(absolute_paths=False):
     return ffi
 
 
+def fast_extension(absolute_paths=False):
+    """The setuptools Extension of pyshmlock._fast (abi3)."""
+    from setuptools import Extension
+    path = (lambda p: p) if absolute_paths else (lambda p: os.path.relpath(p, ROOT))
+    return Extension(
+        "pyshmlock._fast",
+        sources=[path(os.path.join(CSRC, FAST_SOURCE))],
+        include_dirs=[path(CSRC)],
+        define_macros=[("Py_LIMITED_API", LIMITED_API)],
+        py_limited_api=True,
+        extra_compile_args=_cflags,
+        extra_link_args=[f for f in _ldflags if f != "-pthread"],
+    )
+
+
+def build_fast(outdir):
+    """Compile pyshmlock._fast into OUTDIR/pyshmlock (what setup.py does)."""
+    import tempfile
+    from setuptools import Distribution
+    dist = Distribution({"name": "pyshmlock", "ext_modules": [fast_extension(True)]})
+    cmd = dist.get_command_obj("build_ext")
+    cmd.build_lib = outdir
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd.build_temp = tmp
+        cmd.ensure_finalized()
+        cmd.run()
+
+
 ffibuilder = make_ffi()
 
 if __name__ == "__main__":
@@ -66,3 +103,4 @@ if __name__ == "__main__":
     import sys
     outdir = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else ROOT
     make_ffi(absolute_paths=True).compile(tmpdir=outdir, verbose=True)
+    build_fast(outdir)

@@ -5,6 +5,10 @@ today, and printed as one table with ratios; the same data goes to JSON (and
 to a PNG chart when matplotlib is installed).
 
 Sections:
+  uncontended calls   one process, no contention: a pyshmlock read pair,
+                      `with reader_lock`, write/update pairs, `paused`, next
+                      to posix_ipc.Semaphore and multiprocessing.Lock pairs
+                      and two floors (two cffi calls; two bare C-API calls)
   read throughput     N processes loop acquire_read/release_read
   writer starvation   3 readers with overlapping 1 ms holds, 1 writer looping
                       acquire / release / sleep 2 ms
@@ -200,6 +204,91 @@ def _join_all(procs: List[Any], timeout: float) -> None:
         if p.is_alive():
             p.kill()
             p.join(5)
+
+
+# ========================================================= uncontended calls
+# Each case is a loop body run n times in a function of its own, so that every
+# case pays the same loop overhead; cases are interleaved round by round, so
+# that the machine's noise spreads evenly, and the median round is reported.
+
+def _uncontended_cases() -> Tuple[Dict[str, Tuple[str, Dict[str, Any]]], List[Callable[[], None]]]:
+    cases: Dict[str, Tuple[str, Dict[str, Any]]] = {}
+    cleanups: List[Callable[[], None]] = []
+    name = _name("micro")
+    lk = RWLock(name)
+
+    def drop_lock() -> None:
+        lk.close()
+        unlink(name, force=True)
+    cleanups.append(drop_lock)
+    cases["pyshmlock read pair"] = ("a(); r()", {"a": lk.acquire_read, "r": lk.release_read})
+    cases["pyshmlock read pair, timeout=5"] = ("a(5.0); r()", {"a": lk.acquire_read,
+                                                               "r": lk.release_read})
+    cases["pyshmlock with reader_lock"] = ("with cm: pass", {"cm": lk.reader_lock})
+    cases["pyshmlock write pair"] = ("a(); r()", {"a": lk.acquire_write, "r": lk.release_write})
+    cases["pyshmlock update pair"] = ("a(); r()", {"a": lk.acquire_update,
+                                                   "r": lk.release_update})
+    cases["pyshmlock paused"] = ("lk.paused", {"lk": lk})
+    try:
+        import posix_ipc
+        sem = posix_ipc.Semaphore(f"/{_name('sem')}", posix_ipc.O_CREX, initial_value=1)
+
+        def drop_sem() -> None:
+            sem.unlink()
+            sem.close()
+        cleanups.append(drop_sem)
+        cases["posix_ipc.Semaphore pair"] = ("a(); r()", {"a": sem.acquire, "r": sem.release})
+    except ImportError:
+        pass
+    ml = CTX.Lock()
+    cases["multiprocessing.Lock pair"] = ("a(); r()", {"a": ml.acquire, "r": ml.release})
+    try:
+        import mmap
+        from ._floors import capi_floor, cffi_floor
+        floor = cffi_floor()
+        mem = mmap.mmap(-1, 4096)
+        word = floor.ffi.cast("uint32_t *", floor.ffi.from_buffer(mem))
+        cases["floor: two cffi calls"] = ("f(w, 1); f(w, 0xFFFFFFFF)",
+                                          {"f": floor.lib.floor_fetch_add, "w": word,
+                                           "keep": mem})
+        cases["floor: two bare C-API calls"] = ("f(); f()", {"f": capi_floor().noop})
+    except ImportError as e:
+        cases[f"floors skipped: {e.name} unavailable"] = ("", {})
+    return cases, cleanups
+
+
+def uncontended(rounds: int, n: int) -> Dict[str, Any]:
+    """Median ns per pair (or call) of each case, over interleaved rounds."""
+    cases, cleanups = _uncontended_cases()
+    rows: Dict[str, Any] = {}
+    try:
+        loops: Dict[str, Callable[[int], None]] = {}
+        for label, (body, env) in cases.items():
+            if not body:
+                rows[label] = {"error": "skipped"}
+                continue
+            code = f"def loop(n):\n    for _ in range(n):\n        {body}\n"
+            ns: Dict[str, Any] = dict(env)
+            exec(code, ns)          # one plain loop per case: equal overhead
+            loops[label] = ns["loop"]
+        times: Dict[str, List[float]] = {k: [] for k in loops}
+        for loop in loops.values():
+            loop(n // 10)           # warm up
+        for _ in range(rounds):
+            for label, loop in loops.items():
+                t0 = time.perf_counter_ns()
+                loop(n)
+                times[label].append((time.perf_counter_ns() - t0) / n)
+        base = statistics.median(times["posix_ipc.Semaphore pair"]) \
+            if "posix_ipc.Semaphore pair" in times else None
+        for label, ts in times.items():
+            med = statistics.median(ts)
+            rows[label] = {"median_ns": med, "rounds": rounds, "n": n,
+                           "vs_posix_ipc": med / base if base else None}
+    finally:
+        for c in cleanups:
+            c()
+    return rows
 
 
 # ============================================================ read throughput
@@ -415,8 +504,9 @@ class _FutexGate:
 
     def __init__(self) -> None:
         import mmap
-        from ._shmlock import ffi, lib
-        self.lib = lib
+        from ._floors import cffi_floor     # built for benchmarking only
+        floor = cffi_floor()
+        ffi, self.lib = floor.ffi, floor.lib
         self.mem = mmap.mmap(-1, 4096)      # anonymous shared: inherited by fork
         self.word = ffi.cast("uint32_t *", ffi.from_buffer(self.mem))
 
@@ -649,6 +739,8 @@ def run(quick: bool = False, out: Callable[[str], None] = print) -> Dict[str, An
     res: Dict[str, Any] = {"machine": machine(), "quick": quick,
                            "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     out(f"pyshmlock bench{' --quick' if quick else ''} on {res['machine']}")
+    out("  uncontended calls ...")
+    res["uncontended"] = uncontended(*((7, 20000) if quick else (25, 100000)))
     out("  read throughput ...")
     res["read_throughput"] = read_throughput(procs, seconds)
     out(f"  writer starvation ({starve_s:.0f} s per lock) ...")
@@ -663,6 +755,12 @@ def run(quick: bool = False, out: Callable[[str], None] = print) -> Dict[str, An
 def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
     """The results as one table: section, case, figure, ratio to pyshmlock."""
     rows: List[Tuple[str, str, str, str]] = []
+    for key, r in res.get("uncontended", {}).items():
+        if "error" in r:
+            rows.append(("uncontended calls", key, r["error"], ""))
+            continue
+        ratio = f"{r['vs_posix_ipc']:.2f}x posix_ipc pair" if r.get("vs_posix_ipc") else "-"
+        rows.append(("uncontended calls", key, f"median {r['median_ns']:.0f} ns", ratio))
     rt = res.get("read_throughput", {})
     for key, r in rt.items():
         base = rt.get(f"pyshmlock x{r['processes']}", {}).get("pairs_per_s")

@@ -94,18 +94,6 @@ def deadline_ns(timeout: Optional[float]) -> int:
     return time.monotonic_ns() + int(t * 1e9)
 
 
-def lock_timeout_deadline(blocking: bool, timeout: Optional[float]) -> int:
-    """The deadline of ``acquire(blocking, timeout)`` with threading.Lock's
-    conventions: -1 (or None) waits forever, blocking=False tries once."""
-    if not blocking:
-        if timeout is not None and timeout != -1:
-            raise ValueError("can't specify a timeout for a non-blocking call")
-        return 0
-    if timeout is None or (timeout == -1 and not isinstance(timeout, bool)):
-        return -1
-    return deadline_ns(timeout)
-
-
 class _Octal(int):
     """An int that shows as octal, so that help() prints ``mode=0o600``."""
 
@@ -114,6 +102,19 @@ class _Octal(int):
 
 
 DEFAULT_MODE = _Octal(0o600)
+
+
+# ==================================================== C fast path (issue 14)
+# RWLock's hold calls (acquire_*/release_*, paused) and the sync holds'
+# __enter__/__exit__ are methods of C base types, pyshmlock._fast
+# (csrc/fastpath.c): no Python frame, and the GIL is released only when a
+# call must wait.  The base types call the core through the cffi module's
+# entry points, handed over here with the timeout rule above (edge cases)
+# and the error mapping.  Subclasses must not override those methods.
+from . import _fastpath  # noqa: E402
+
+_fastpath.setup(deadline_ns)
+# ================================================ end of C fast path block
 
 
 # ----------------------------------------------------------- attachments
@@ -392,7 +393,7 @@ def hold_repr(hold: Any, cls: str) -> str:
             f"{lock.name!r}{t}) at {id(hold):#x}>")
 
 
-class SyncHold:
+class SyncHold(_fastpath.Hold):
     """One kind of hold (``kind`` is "read", "write" or "update") of an
     :class:`RWLock`, shaped like :class:`threading.Lock`.
 
@@ -406,48 +407,52 @@ class SyncHold:
     holds gets WouldDeadlockError (``acquire(blocking=False)`` returns False).
     """
 
-    __slots__ = ("lock", "kind", "timeout", "_code", "_c_acquire", "_c_release", "_what",
-                 "__weakref__")
+    # ``SyncHold(lock, code, timeout)``.  __enter__/__exit__ are the C base's
+    # (csrc/fastpath.c): the uncontended enter and exit are one C call each,
+    # with no Python frame.  Do not override them here.
+    __slots__ = ("__weakref__",)
 
-    def __init__(self, lock: "RWLock", code: int, timeout: Optional[float]) -> None:
-        self.lock = lock
-        self._code = code
-        self.kind, self._c_acquire, self._c_release, self._what = HOLD_KINDS[code]
-        self.timeout = timeout
+    @property
+    def lock(self) -> "RWLock":
+        """The lock this is a hold of."""
+        return self._lock  # type: ignore[no-any-return]
 
-    # The uncontended enter and exit are one C call each.
-    def __enter__(self) -> "SyncHold":
-        h = self.lock._h
-        if self.timeout is None:
-            rc = self._c_acquire(h, -1)
-            if rc == _OK:
-                return self
-            d = -1
-        else:
-            d = deadline_ns(self.timeout)
-            rc = self._c_acquire(h, d)
-        if not _finish(rc, self._c_acquire, h, d, self._what, self.lock.name):
-            raise TimeoutError(f"{self._what} of lock {self.lock.name!r} not had "
-                               f"within {self.timeout} s")
-        return self
+    @property
+    def kind(self) -> str:
+        """"read", "write" or "update"."""
+        return HOLD_KINDS[self._kind][0]
 
-    def __exit__(self, *exc: Any) -> None:
-        rc = self._c_release(self.lock._h)
-        if rc:
-            raise error_for(rc, "release of " + self._what, self.lock.name)
+    @property
+    def timeout(self) -> Optional[float]:
+        """The timeout of ``with hold:`` (None: wait forever)."""
+        return self._timeout  # type: ignore[no-any-return]
+
+    @property
+    def _code(self) -> int:
+        return self._kind  # type: ignore[no-any-return]
+
+    @property
+    def _what(self) -> str:
+        return HOLD_KINDS[self._kind][3]
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take the hold, as threading.Lock.acquire: True once had, False if
         ``blocking`` is false and it is not free, or on timeout."""
-        d = lock_timeout_deadline(blocking, timeout)
-        h = self.lock._handle()
-        return _finish(self._c_acquire(h, d), self._c_acquire, h, d, self._what,
-                       self.lock.name)
+        if not blocking:
+            if timeout is not None and timeout != -1:
+                raise ValueError("can't specify a timeout for a non-blocking call")
+            t: Optional[float] = 0
+        elif timeout is None or (timeout == -1 and not isinstance(timeout, bool)):
+            t = None
+        else:
+            t = timeout
+        # The lock's own (C) acquire_<kind>: the same rules and errors.
+        return getattr(self._lock, "acquire_" + self.kind)(t)  # type: ignore[no-any-return]
 
     def release(self) -> None:
         """Give the hold back (NotHeldError, a RuntimeError, if this process
         has none)."""
-        self.__exit__()
+        self.__exit__(None, None, None)
 
     def locked(self) -> bool:
         """Whether a new hold of this kind would have to wait now."""
@@ -521,7 +526,7 @@ def _reopen(cls: type, name: str) -> Any:
     return cls(name, create=False)
 
 
-class RWLock:
+class RWLock(_fastpath.Lock):
     """A reader/writer lock with a pause gate, shared by every process that
     opens the same name.
 
@@ -595,6 +600,7 @@ class RWLock:
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
                                                    gid)
         self._h = self._att.handle
+        self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         if self._att.refs == 1:      # this process's first attachment to the segment
             try:
                 _apply_stale_policy(self._h, name, stale)
@@ -612,56 +618,9 @@ class RWLock:
         return h
 
     # -- holds ---------------------------------------------------------
-
-    def acquire_read(self, timeout: Optional[float] = None) -> bool:
-        """Take a shared hold.  Waits while the lock is paused, or while a
-        writer holds it or queued before this reader."""
-        if timeout is None:
-            rc = _acquire_read(self._h, -1)
-            if rc == _OK:
-                return True
-            return _finish(rc, _acquire_read, self._h, -1, "acquire_read", self.name)
-        d = deadline_ns(timeout)
-        return _finish(_acquire_read(self._h, d), _acquire_read, self._h, d,
-                       "acquire_read", self.name)
-
-    def release_read(self) -> None:
-        """Give back one read hold of this process (RuntimeError if none)."""
-        rc = _release_read(self._h)
-        if rc:
-            raise error_for(rc, "release_read", self.name)
-
-    def acquire_write(self, timeout: Optional[float] = None) -> bool:
-        """Take the exclusive hold: blocks new readers at once, then waits for
-        every read hold in every process, paused or not."""
-        d = deadline_ns(timeout)
-        return _finish(_acquire_write(self._h, d), _acquire_write, self._h, d,
-                       "acquire_write", self.name)
-
-    def release_write(self) -> None:
-        """Give back this process's write hold (RuntimeError if none)."""
-        rc = _release_write(self._h)
-        if rc:
-            raise error_for(rc, "release_write", self.name)
-
-    def acquire_update(self, timeout: Optional[float] = None) -> bool:
-        """Take the pause-aware exclusive hold.
-
-        Exclusive against every write or update hold.  If the lock is paused
-        it does not wait for readers (the pause froze them) and it pins the
-        pause: resume() waits until the update is released.  If not paused
-        it waits for readers like a writer, and proceeds at once if a pause
-        arrives while it waits.
-        """
-        d = deadline_ns(timeout)
-        return _finish(_acquire_update(self._h, d), _acquire_update, self._h, d,
-                       "acquire_update", self.name)
-
-    def release_update(self) -> None:
-        """Give back this process's update hold (RuntimeError if none)."""
-        rc = _release_update(self._h)
-        if rc:
-            raise error_for(rc, "release_update", self.name)
+    # acquire_read/release_read, acquire_write/release_write and
+    # acquire_update/release_update(timeout=None) are the C base's
+    # (_fastpath.Lock); they return True, or False on timeout.
 
     # -- the pause gate ------------------------------------------------
 
@@ -683,10 +642,7 @@ class RWLock:
         d = deadline_ns(timeout)
         return _finish(lib.shl_resume(h, d), lib.shl_resume, h, d, "resume", self.name)
 
-    @property
-    def paused(self) -> bool:
-        """Whether the gate is closed (one shared-memory load)."""
-        return _is_paused(self._h) == 1
+    # paused (a property) is the C base's: one shared-memory load.
 
     def wait_resumed(self, timeout: Optional[float] = None) -> bool:
         """Wait until the lock is not paused; False on timeout."""
@@ -808,6 +764,7 @@ class RWLock:
         _detach(att)
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
+        self._fast_bind(0)
         self.__class__ = _ClosedRWLock
 
     def attached(self) -> ContextManager["RWLock"]:

@@ -37,3 +37,17 @@ def test_cli_bench_quick_writes_json(tmp_path):
     assert data["writer_starvation"]["pyshmlock"]["writer_acquisitions"] > 0
     assert data["kill_to_recovery"]["pyshmlock dead writer"]["median_us"] > 0
     assert "writer starvation" in p.stdout and "kill-to-recovery" in p.stdout
+
+
+def test_uncontended_section_reports_pyshmlock_peers_and_floors():
+    rows = benchmark.uncontended(rounds=3, n=200)
+    for label in ("pyshmlock read pair", "pyshmlock with reader_lock", "pyshmlock write pair",
+                  "pyshmlock paused", "multiprocessing.Lock pair"):
+        assert rows[label]["median_ns"] > 0, label
+    if "posix_ipc.Semaphore pair" in rows:
+        assert rows["pyshmlock read pair"]["vs_posix_ipc"] > 0
+    # Either both floors were built, or the report says why they were not.
+    floors = [k for k in rows if k.startswith("floor")]
+    assert len(floors) in (1, 2), floors
+    report = benchmark.format_report({"uncontended": rows})
+    assert "uncontended calls" in report and "pyshmlock read pair" in report

@@ -24,7 +24,8 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 # Every test of these files runs the core in several processes (or feeds it
 # corrupted segments); together they take about a minute under ASan.
 SUITES = ("test_semantics.py", "test_crash.py", "test_stress.py", "test_bad_input.py",
-          "test_fuzz.py", "test_trust.py", "test_limits.py")
+          "test_fuzz.py", "test_trust.py", "test_limits.py", "test_fastpath.py",
+          "test_aio.py", "test_hardening_core.py")
 
 # The child run must not recurse into this file.
 INNER = "PYSHMLOCK_SANITIZED_RUN"
@@ -61,6 +62,12 @@ def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
     assert len(built) == 1, built
     with open(tmp_path / "pyshmlock" / built[0], "rb") as f:
         assert b"__asan_report" in f.read(), "the core was built without AddressSanitizer"
+    # The fast-path extension (calls into that core) is instrumented too.
+    fast = [f for f in os.listdir(tmp_path / "pyshmlock") if f.startswith("_fast")
+            and f.endswith(".so")]
+    assert len(fast) == 1, fast
+    with open(tmp_path / "pyshmlock" / fast[0], "rb") as f:
+        assert b"__asan_report" in f.read(), "_fast was built without AddressSanitizer"
 
     run_env = {**env, INNER: "1", "PYTHONPATH": str(tmp_path),
                "LD_PRELOAD": _libasan(),

@@ -1,0 +1,63 @@
+/*
+ * floor_capi.c - the bare C-API call floor for the benchmarks: a module
+ * whose noop() is a METH_NOARGS function that returns None.  Calling it
+ * costs what any call from Python into a C method costs, and nothing else;
+ * pyshmlock's fast path (fastpath.c) is measured against it.
+ *
+ * noop_varargs(*args) and noop_fastcall(*args) take arguments the two ways a
+ * 3.9 stable-ABI method can (a tuple, or METH_FASTCALL's C array): timing
+ * them with one float argument gives the price of the calling convention
+ * fastpath.c chose (see the METH_FASTCALL comment there).
+ *
+ * Built only for benchmarking, at run time (pyshmlock/_floors.py), never
+ * into the installed package.  Same stable-ABI settings as fastpath.c.
+ */
+#define Py_LIMITED_API 0x03090000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+static PyObject *noop(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    Py_RETURN_NONE;
+}
+
+#ifndef METH_FASTCALL
+#define METH_FASTCALL 0x0080   /* stable since 3.7; see fastpath.c */
+#endif
+
+static PyObject *noop_varargs(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    (void)args;
+    Py_RETURN_NONE;
+}
+
+static PyObject *noop_fastcall(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    (void)args;
+    (void)nargs;
+    Py_RETURN_NONE;
+}
+
+typedef PyObject *(*fastcall)(PyObject *, PyObject *const *, Py_ssize_t);
+
+static PyMethodDef methods[] = {
+    {"noop", noop, METH_NOARGS, "Do nothing: the cost of a bare C-API call."},
+    {"noop_varargs", noop_varargs, METH_VARARGS, "Do nothing, arguments as a tuple."},
+    {"noop_fastcall", (PyCFunction)(void (*)(void))(fastcall)noop_fastcall, METH_FASTCALL,
+     "Do nothing, arguments as a C array."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef floor_module = {
+    PyModuleDef_HEAD_INIT, "_pyshmlock_capi_floor", "Benchmark floor (bench only).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__pyshmlock_capi_floor(void)
+{
+    return PyModule_Create(&floor_module);
+}
