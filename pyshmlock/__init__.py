@@ -5,6 +5,7 @@ shared memory, so all of them see one global "paused" and one reader/writer
 lock, changed atomically.  See README.md for a tour and docs/DESIGN.md for
 the protocol.
 """
+from importlib import metadata as _metadata
 import platform as _platform
 import sys as _sys
 
@@ -35,7 +36,12 @@ from .lock import (AttachedProcess, LockInfo, Recovery, RWLock, SyncHold,  # noq
                    inspect, unlink)
 from .aio import AsyncHold, AsyncRWLock  # noqa: E402
 
-__version__ = "0.1.0"
+# One version, written once (pyproject.toml), read back from the installed
+# metadata.  A checkout that was never installed says so.
+try:
+    __version__ = _metadata.version("pyshmlock")
+except _metadata.PackageNotFoundError:  # pragma: no cover
+    __version__ = "0+unknown"
 
 __all__ = [
     "RWLock", "AsyncRWLock", "SyncHold", "AsyncHold", "LockInfo", "Recovery",

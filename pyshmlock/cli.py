@@ -1,7 +1,7 @@
 """The `pyshmlock` command (also `python -m pyshmlock`).
 
     pyshmlock ls                      locks present on this host
-    pyshmlock status NAME [--json]    who pauses, holds and waits
+    pyshmlock status NAME [--format text|json|prometheus]   who pauses, holds and waits
     pyshmlock watch NAME              status, refreshed live
     pyshmlock pause NAME              close the gate
     pyshmlock resume NAME [--timeout S]
@@ -195,8 +195,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     info = _inspect(args.name)
-    if args.json:
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
         print(json.dumps(info.to_dict(), indent=2, sort_keys=True))
+    elif fmt == "prometheus":
+        from .metrics import exposition
+        sys.stdout.write(exposition([info]))
     else:
         print(format_status(info))
     return EXIT_OK
@@ -336,7 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     command("ls", "list locks on this host (observes only)").set_defaults(fn=cmd_ls)
     s = command("status", "show who pauses, holds and waits (observes only)")
     s.add_argument("name", help=NAME_HELP)
-    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--format", choices=["text", "json", "prometheus"], default="text",
+                   help="text (default), json, or the Prometheus text exposition format "
+                        "(metrics with a lock label, for a node exporter's textfile or a scrape)")
+    s.add_argument("--json", action="store_true", help="the same as --format json")
     s.set_defaults(fn=cmd_status)
     s = command("watch", "status, refreshed live until Ctrl-C (observes only)")
     s.add_argument("name", help=NAME_HELP)

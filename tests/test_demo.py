@@ -58,6 +58,17 @@ def get(url):
         return json.loads(resp.read())
 
 
+def _scraped(base, lock):
+    """GET base/metrics, parsed by prometheus_client's own parser: the
+    samples of lock `lock` (without the kind-labelled ones), by name."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        text = resp.read().decode()
+    return {s.name: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if s.labels.get("lock") == lock and "kind" not in s.labels}
+
+
 def cli(*args):
     p = subprocess.run([sys.executable, "-m", "pyshmlock", *args], capture_output=True,
                        text=True, timeout=30, cwd="/")
@@ -84,8 +95,12 @@ def test_cli_against_a_running_demo():
         name = re.search(r"pyshmlock status (\S+)", text).group(1)
         shared = re.search(r"curl -s (http://\S+)/health", text).group(1)
         assert name in cli("ls").stdout
+        assert _scraped(shared, name)["pyshmlock_paused"] == 0.0
         assert cli("pause", name).returncode == 0
         assert get(shared + "/health")["paused"] is True      # the server sees the CLI's pause
+        scraped = _scraped(shared, name)                      # a worker's /metrics follows it
+        assert scraped["pyshmlock_paused"] == 1.0 and scraped["pyshmlock_pauses_total"] >= 1
+        assert scraped["pyshmlock_attached_processes"] >= 3
         status = json.loads(cli("status", name, "--json").stdout)
         assert status["paused"] is True and len(status["attached_pids"]) >= 3
         watch = cli("watch", name, "--count", "1")

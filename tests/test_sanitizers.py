@@ -46,7 +46,7 @@ def _libasan():
 @pytest.mark.skipif(_libasan() is None, reason="gcc's libasan is not installed")
 def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    build = subprocess.run([sys.executable, os.path.join(ROOT, "pyshmlock", "_build.py"),
+    build = subprocess.run([sys.executable, os.path.join(ROOT, "csrc", "build_extensions.py"),
                             str(tmp_path)], env={**env, "PYSHMLOCK_SANITIZE": "1"},
                            capture_output=True, text=True, timeout=180)
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]

@@ -95,8 +95,11 @@ class WorkerCore:
         self.registered = registered
         self.engine = RWLock(engine_lock_name(name), create=False)
         self.alock: Optional[AsyncRWLock] = None
+        #: the pyshmlock locks this worker's /metrics reports
+        self.lock_names = [engine_lock_name(name)]
         if backend == "shared":
             self.alock = AsyncRWLock(name, create=False)
+            self.lock_names.insert(0, name)
         self.is_pause = False
         self.pending: Dict[str, "asyncio.Queue[Any]"] = {}
         self.acks: Dict[int, "asyncio.Future[None]"] = {}
@@ -397,6 +400,19 @@ def build_app(core: WorkerCore) -> Any:
     @app.get("/lock_status")
     async def lock_status() -> Dict[str, Any]:
         return core.lock_status()
+
+    # Prometheus: the locks' metrics (pyshmlock.metrics), as a serving stack
+    # registers them beside its own.
+    from fastapi import Response
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    from ..metrics import LockCollector
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(LockCollector(core.lock_names))
+
+    @app.get("/metrics")
+    async def metrics() -> Any:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

@@ -4,8 +4,9 @@ for the fast-path extension pyshmlock._fast (csrc/fastpath.c).
 The C declarations are read from ``csrc/shmlock.h`` itself, minus its
 preprocessor guard and includes, so the binding can never drift from the
 header.  ``setup.py`` names this module in ``cffi_modules``; running it
-directly (``python pyshmlock/_build.py [OUTDIR]``) builds both extensions in
-place (or under OUTDIR).
+directly (``python csrc/build_extensions.py [OUTDIR]``) builds both
+extensions in place (or under OUTDIR).  It lives beside the C sources, not in
+the package: it builds the package and is never installed with it.
 
 The fast module is compiled from csrc/fastpath.c alone: it reaches the core
 through function pointers handed over at import (pyshmlock/_fastpath.py),
@@ -16,9 +17,8 @@ import re
 
 from cffi import FFI
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CSRC = os.path.join(ROOT, "csrc")
+CSRC = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(CSRC)
 
 # PYSHMLOCK_SANITIZE=1 builds the core with AddressSanitizer and UBSan.
 SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
@@ -98,7 +98,7 @@ def build_fast(outdir):
 ffibuilder = make_ffi()
 
 if __name__ == "__main__":
-    # python pyshmlock/_build.py [OUTDIR]: build pyshmlock/_shmlock*.so under
+    # python csrc/build_extensions.py [OUTDIR]: build pyshmlock/_shmlock*.so under
     # OUTDIR (default: the source tree, for development).
     import sys
     outdir = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else ROOT

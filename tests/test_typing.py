@@ -1,0 +1,37 @@
+"""The type stub matches the header, and the tree stays clean under mypy
+--strict (library) and ruff: regressions fail the suite, not a later CI."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, "pyproject.toml")),
+                                 reason="needs the source tree")]
+
+
+def run(*cmd):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
+
+
+def test_stub_is_generated_from_the_header():
+    p = run(sys.executable, os.path.join("csrc", "make_stub.py"), "--check")
+    assert p.returncode == 0, p.stderr
+
+
+def test_mypy_strict_is_clean():
+    pytest.importorskip("mypy")
+    p = run(sys.executable, "-m", "mypy", "--no-incremental")   # config: pyproject.toml
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
+    if not os.path.exists(ruff):
+        pytest.skip("ruff is not installed (pip install '.[test]')")
+    p = run(ruff, "check", "pyshmlock", "tests", "bench", "verify", "csrc")
+    assert p.returncode == 0, p.stdout + p.stderr
