@@ -17,7 +17,7 @@ from conftest import unique_name
 # PYTHONMALLOC=debug, so a freed object's memory is overwritten at once and a
 # use after free crashes instead of reading stale bytes.
 _REINIT_DURING_ENTER = textwrap.dedent("""
-    import gc, os, signal, sys, threading, time, weakref
+    import gc, os, signal, sys, threading, time
     import pyshmlock
     from pyshmlock.lock import SyncHold
     from pyshmlock._shmlock import lib
@@ -26,7 +26,6 @@ _REINIT_DURING_ENTER = textwrap.dedent("""
         keep = pyshmlock.RWLock(a)         # keeps the attachment; holds the write
         lk = pyshmlock.RWLock(a)
         other = pyshmlock.RWLock(b)
-        gone = weakref.ref(lk)
         hold = SyncHold(lk, lib.SHL_KIND_READ, 20.0)
         signal.signal(signal.SIGUSR1, lambda *args: None)
         keep.acquire_write()
@@ -37,8 +36,7 @@ _REINIT_DURING_ENTER = textwrap.dedent("""
             global lk
             lk.reader_lock = lk.writer_lock = lk.update_lock = None
             del lk
-            gc.collect()
-            assert gone() is None, "the lock object was not freed"
+            gc.collect()                   # frees lk, unless __enter__ owns a reference
             for _ in range(20):            # EINTR: the handler runs, then a new attempt
                 time.sleep(0.05)
                 os.kill(os.getpid(), signal.SIGUSR1)
