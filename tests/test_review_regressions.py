@@ -67,3 +67,30 @@ def test_hold_reinitialised_while_enter_waits_does_not_use_the_freed_lock():
             except FileNotFoundError:
                 pass
     assert p.returncode == 0 and "survived" in p.stdout, (p.returncode, p.stdout, p.stderr)
+
+
+def _pause_and_exit(q, name):
+    lk = pyshmlock.RWLock(name, stale="keep")
+    lk.pause()
+    q.put(os.getpid())
+
+
+def test_stale_reset_keeps_a_pause_pinned_by_this_process_update(lock_name, children):
+    # Invariant 4 (docs/DESIGN.md): an update claim pins the pause.  The stale
+    # reset probes every slot but its own, so an update of this very process
+    # (another thread's, or this thread's) must stop it too.
+    lock = pyshmlock.RWLock(lock_name)
+    c = children(_pause_and_exit, lock_name)
+    pauser = c.get()
+    assert c.join() == 0
+    assert lock.paused
+    assert lock.acquire_update(timeout=5)     # granted at once: the pause froze readers
+    try:
+        rc = lib.shl_reset_stale(lock._h, pauser)
+        assert rc == 0, "the reset cleared a pause that this process's update pins"
+        assert lock.paused
+    finally:
+        lock.release_update()
+    assert lib.shl_reset_stale(lock._h, pauser) == 1   # now it is stale: cleared
+    assert not lock.paused
+    lock.close()
