@@ -2047,8 +2047,13 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
         if (!(s & ST_PAUSED))
             return 0;
-        if (owner_index(h, s) == -2)
+        int32_t o = owner_index(h, s);
+        if (o == -2)
             return SHL_ECORRUPT;
+        /* An update claim pins the pause (invariant 4).  The scan below
+         * skips our own slot, so our own update claim is checked here. */
+        if (o == h->self && (s & ST_UPDATE))
+            return 0;
         /* Only the pause the caller judged stale is cleared: a pause recorded
          * under another pid (or none yet: a pause() between its CAS and its
          * pid store) is a fresh one. */
