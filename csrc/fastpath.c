@@ -527,23 +527,36 @@ static PyObject *hold_enter(PyObject *self, PyObject *unused)
         PyErr_SetString(PyExc_TypeError, "hold not initialised");
         return NULL;
     }
+    /* Own references for the whole call: the GIL is released while we wait
+     * and Python code may run (deadline_ns, signal handlers), so another
+     * thread may re-initialise this hold and drop the last reference to
+     * the lock or timeout it had. */
+    PyObject *lock = ho->lock, *timeout = ho->timeout;
+    int kind = ho->kind;
+    Py_INCREF(lock);
+    Py_INCREF(timeout);
+    PyObject *result = NULL;
     int64_t deadline;
-    if (to_deadline(ho->timeout, &deadline) < 0)
-        return NULL;
-    int r = acquire((LockObject *)ho->lock, ho->kind, deadline, HOLD_NAME[ho->kind]);
+    if (to_deadline(timeout, &deadline) < 0)
+        goto done;
+    int r = acquire((LockObject *)lock, kind, deadline, HOLD_NAME[kind]);
     if (r < 0)
-        return NULL;
+        goto done;
     if (r == 0) {
-        PyObject *name = lock_name(ho->lock);
+        PyObject *name = lock_name(lock);
         if (name == NULL)
-            return NULL;
+            goto done;
         PyErr_Format(PyExc_TimeoutError, "%s of lock %R not had within %S s",
-                     HOLD_NAME[ho->kind], name, ho->timeout);
+                     HOLD_NAME[kind], name, timeout);
         Py_DECREF(name);
-        return NULL;
+        goto done;
     }
     Py_INCREF(self);
-    return self;
+    result = self;
+done:
+    Py_DECREF(lock);
+    Py_DECREF(timeout);
+    return result;
 }
 
 static PyObject *hold_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -557,14 +570,19 @@ static PyObject *hold_exit(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "hold not initialised");
         return NULL;
     }
-    int r = release(((LockObject *)ho->lock)->h, ho->kind);
+    int kind = ho->kind;
+    int r = release(((LockObject *)ho->lock)->h, kind);
     if (r == 0)
         Py_RETURN_NONE;
     int err = errno;
-    PyObject *what = PyUnicode_FromFormat("release of %s", HOLD_NAME[ho->kind]);
+    PyObject *what = PyUnicode_FromFormat("release of %s", HOLD_NAME[kind]);
     if (what == NULL)
         return NULL;
-    PyObject *name = lock_name(ho->lock);
+    /* lock_name may run Python code: keep our own reference (hold_enter). */
+    PyObject *lock = ho->lock;
+    Py_INCREF(lock);
+    PyObject *name = lock_name(lock);
+    Py_DECREF(lock);
     PyObject *exc = PyObject_CallFunction(g_error, "iOOi", r, what, name ? name : Py_None, err);
     Py_DECREF(what);
     Py_XDECREF(name);

@@ -171,7 +171,10 @@ struct shl_lock {
     size_t map_size;
     uint32_t max;                   /* validated private copy of max_processes */
     int32_t self;                   /* our slot, -1 when not attached */
-    uint64_t fork_gen;              /* g_fork_gen when self was taken */
+    /* g_fork_gen when self was taken.  Stored with release after self, loaded
+     * with acquire before self is read: a thread of a forked child that sees
+     * the new generation also sees the slot another thread just took. */
+    _Atomic uint64_t fork_gen;
     uint32_t pid;                   /* getpid() when self was taken: getpid() is a
                                        system call, too dear for every write */
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
@@ -702,7 +705,8 @@ static int attach_slot(shl_lock *h)
         atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
         atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
         h->self = (int32_t)i;
-        h->fork_gen = atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+        atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
+                              memory_order_release);
         return SHL_OK;
     }
     return SHL_EFULL;
@@ -713,14 +717,16 @@ static int attach_slot(shl_lock *h)
 static int ensure_attached(shl_lock *h)
 {
     if (__builtin_expect(h != NULL &&
-                         h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
+                         atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
+                             atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
                          && h->self >= 0, 1))
         return SHL_OK;
     if (h == NULL)
         return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
     int r = SHL_OK;
     pthread_mutex_lock(&g_reattach_mu);
-    if (h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
+    if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+            atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
         h->self = -1;
@@ -1031,7 +1037,8 @@ int shl_try(shl_lock *h, shl_waiter *w)
 
 static void do_cancel(shl_lock *h, shl_waiter *w)
 {
-    if (h->self < 0 || h->fork_gen != atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+    if (h->self < 0 || atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+                            atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
     if (w->registered)   /* [model:CANCEL_REGISTERED] */
@@ -1750,7 +1757,8 @@ int shl_close(shl_lock *h)
                                                  memory_order_acquire, memory_order_relaxed))
         return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
     int ours = h->self >= 0 &&
-               h->fork_gen == atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+               atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
+                   atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
     int r = SHL_OK;
     if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
                  atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0)) {
@@ -2047,8 +2055,13 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
         if (!(s & ST_PAUSED))
             return 0;
-        if (owner_index(h, s) == -2)
+        int32_t o = owner_index(h, s);
+        if (o == -2)
             return SHL_ECORRUPT;
+        /* An update claim pins the pause (invariant 4).  The scan below
+         * skips our own slot, so our own update claim is checked here. */
+        if (o == h->self && (s & ST_UPDATE))
+            return 0;
         /* Only the pause the caller judged stale is cleared: a pause recorded
          * under another pid (or none yet: a pause() between its CAS and its
          * pid store) is a fresh one. */
