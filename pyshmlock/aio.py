@@ -24,12 +24,14 @@ import time
 import weakref
 from typing import Any, ContextManager, Coroutine, Dict, List, NoReturn, Optional, Tuple
 
-from . import lock as _lock_module
+from . import holds as _holds
+from ._args import DEFAULT_MODE
+from ._attachment import _Attachment, _close_hooks
+from ._deadline import deadline_ns
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for
-from .lock import (DEFAULT_MODE, HOLD_KINDS, RWLock, _Attached, _Attachment, _close_hooks,
-                   _reopen, deadline_ns, hold_repr, hold_would_wait, no_plain_with,
-                   own_holds)
+from .holds import CALL_NAMES, HOLD_KINDS, hold_repr, hold_would_wait, own_holds
+from .lock import RWLock, _Attached, _reopen, no_plain_with
 
 __all__ = ["AsyncRWLock", "AsyncHold", "async_acquire"]
 
@@ -280,7 +282,7 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
             if rc == lib.SHL_OK:
                 return True
             if rc != lib.SHL_AGAIN:
-                raise error_for(rc, _KIND_NAMES.get(kind, "acquire"), lock.name)
+                raise error_for(rc, CALL_NAMES.get(kind, "acquire"), lock.name)
             remaining = None if deadline < 0 else (deadline - time.monotonic_ns()) / 1e9
             if remaining is not None and remaining <= 0:
                 lib.shl_cancel(h, w)
@@ -303,7 +305,7 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
         raise
 
 
-_lock_module._async_acquire = async_acquire
+_holds._async_acquire = async_acquire
 
 
 def _try_once(lock: RWLock, kind: int) -> bool:
@@ -317,17 +319,9 @@ def _try_once(lock: RWLock, kind: int) -> bool:
     if rc == lib.SHL_OK:
         return True
     if rc != lib.SHL_AGAIN:
-        raise error_for(rc, _KIND_NAMES.get(kind, "acquire"), lock.name)
+        raise error_for(rc, CALL_NAMES.get(kind, "acquire"), lock.name)
     lib.shl_cancel(h, w)
     return False
-
-
-_KIND_NAMES = {
-    lib.SHL_KIND_READ: "acquire_read", lib.SHL_KIND_WRITE: "acquire_write",
-    lib.SHL_KIND_UPDATE: "acquire_update", lib.SHL_KIND_RESUME: "resume",
-    lib.SHL_KIND_RESUMED: "wait_resumed", lib.SHL_KIND_DRAINED: "wait_drained",
-}
-
 
 
 class AsyncHold:

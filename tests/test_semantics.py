@@ -464,7 +464,7 @@ def open_in_child(q, name):
 
 def test_fork_while_another_thread_holds_the_registry_lock(lock, lock_name, children):
     # The child must not inherit the lock locked: it gets a fresh one.
-    from pyshmlock import lock as lock_module
-    with lock_module._registry_lock:
+    from pyshmlock import _attachment
+    with _attachment._registry_lock:
         c = children(open_in_child, lock_name)
     assert c.get(timeout=10) is True
