@@ -39,10 +39,10 @@ CALL_NAMES: Dict[int, str] = {
 }
 
 
-# The state word's bits that say whether a new hold would wait (see the
-# layout at the top of csrc/shmlock.c).
-_ST_OWNER = 0x0FFF
-_ST_PAUSED = 0x4000
+# The state word's bits that say whether a new hold would wait, exported by
+# csrc/shmlock.h (see the layout at the top of csrc/shmlock.c).
+_ST_OWNER = lib.SHL_STATE_OWNER_MASK
+_ST_PAUSED = lib.SHL_STATE_PAUSED
 
 # Set by pyshmlock.aio when it is imported (pyshmlock's __init__ always
 # imports it): the coroutine that waits for a hold without blocking a loop.

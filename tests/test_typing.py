@@ -35,3 +35,18 @@ def test_ruff_is_clean():
         pytest.skip("ruff is not installed (pip install '.[test]')")
     p = run(ruff, "check", "pyshmlock", "tests", "bench", "verify", "csrc")
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_no_c_constant_is_copied_by_hand():
+    """Bits of the state word and other C constants reach Python from
+    shmlock.h through the binding (lib.SHL_*), never as literals: a copy
+    would silently disagree after a layout change (issue 15)."""
+    import re
+    pattern = re.compile(r"^\s*_?[A-Z][A-Z0-9_]*\s*=\s*(0[xX][0-9a-fA-F]+|\d+\s*<<)", re.M)
+    found = []
+    for top, _dirs, files in os.walk(os.path.join(ROOT, "pyshmlock")):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(top, f)) as src:
+                    found += [f"{f}: {m.group(0).strip()}" for m in pattern.finditer(src.read())]
+    assert not found, found
