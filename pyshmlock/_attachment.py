@@ -52,31 +52,46 @@ def _segment_key(name: str) -> Optional[Tuple[int, int]]:
 
 def _attach(name: str, create: bool, mode: int, max_processes: int,
             gid: int = -1) -> _Attachment:
+    """This process's attachment to the segment ``name``, one more reference.
+
+    The C open runs outside the registry lock: it may wait (up to 2 s) for a
+    creator still initialising the segment, and opens of other names must
+    not queue behind it.  Two threads opening one name at once then both
+    open it; the registry, keyed by the segment's dev/ino, keeps the first
+    handle and the other is closed."""
+    key = _segment_key(name)
     with _registry_lock:
-        key = _segment_key(name)
         att = _registry.get(key) if key else None
+        if att is not None:
+            return _share(att)
+    out = ffi.new("shl_lock **")
+    info = ffi.new("shl_open_info *")
+    rc = lib.shl_open(name.encode(), int(create), mode, gid, max_processes, out, info)
+    if rc != _OK:
+        raise open_error(rc, name, info, mode, gid)
+    key = (info.dev, info.ino)
+    with _registry_lock:
+        att = _registry.get(key)
         if att is None:
-            out = ffi.new("shl_lock **")
-            info = ffi.new("shl_open_info *")
-            rc = lib.shl_open(name.encode(), int(create), mode, gid, max_processes,
-                              out, info)
-            if rc != _OK:
-                raise open_error(rc, name, info, mode, gid)
-            key = (info.dev, info.ino)
-            att = _registry.get(key)
-            if att is None:
-                att = _Attachment(out[0], key, name)
-                _registry[key] = att
-            else:   # raced with our own stat: keep the existing attachment
-                lib.shl_close(out[0])
-        else:
-            # Inherited through fork(): the child takes a slot of its own now,
-            # so that it counts as attached from the moment it opens the lock.
-            rc = lib.shl_attach(att.handle)
-            if rc != _OK:
-                raise error_for(rc, "open", name)
-        att.refs += 1
-        return att
+            att = _registry[key] = _Attachment(out[0], key, name)
+            att.refs += 1
+            return att
+        # Another thread of this process opened the same segment meanwhile:
+        # keep its attachment, drop this handle.
+        lib.shl_close(out[0])
+        return _share(att)
+
+
+def _share(att: _Attachment) -> _Attachment:
+    """One more reference to an existing attachment (caller holds the
+    registry lock)."""
+    # Inherited through fork(): the child takes a slot of its own now, so
+    # that it counts as attached from the moment it opens the lock.
+    rc = lib.shl_attach(att.handle)
+    if rc != _OK:
+        raise error_for(rc, "open", att.name)
+    att.refs += 1
+    return att
 
 
 # Run before the last close of an attachment: a hook raises LockInUseError
