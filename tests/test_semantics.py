@@ -7,7 +7,6 @@ import time
 import pytest
 
 import pyshmlock
-from conftest import unique_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -477,7 +476,7 @@ def test_a_slow_open_does_not_hold_up_opens_of_other_names(lock_name):
     # (up to 2 s) for it inside the C core; that wait must not hold the
     # process-wide registry lock, or every open of every name would queue
     # behind it.
-    slow = unique_name("slow")
+    slow = lock_name + "-slow"      # unique like lock_name
     path = os.path.join(pyshmlock.lock.SHM_DIR, pyshmlock.lock.SHM_PREFIX + slow)
     open(path, "wb").close()          # a creator that has not initialised it yet
     finished = threading.Event()
