@@ -219,6 +219,13 @@ class RWLock(_fastpath.Lock):
         self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
 
     def _handle(self) -> Any:
+        """The C handle, or ValueError if this object is closed.
+
+        One closed mechanism: close() sets the handle to NULL and the C core
+        answers every call on it with SHL_ECLOSED (also a call already
+        waiting in C when another thread closes), which error_for turns into
+        ValueError "lock ... is closed".  Only methods that do not reach C
+        (read/write/update, info, a hold's locked()) check here first."""
         h = self._h
         if h == ffi.NULL:
             raise ValueError(f"lock {self.name!r} is closed")
@@ -276,16 +283,19 @@ class RWLock(_fastpath.Lock):
 
     def read(self, timeout: Optional[float] = None) -> SyncHold:
         """``with lock.read(timeout=1):`` - a read hold, TimeoutError if not had in time."""
+        self._handle()
         deadline_ns(timeout)   # validate now, not at __enter__
         return SyncHold(self, lib.SHL_KIND_READ, timeout)
 
     def write(self, timeout: Optional[float] = None) -> SyncHold:
         """``with lock.write(timeout=1):`` - the write hold, TimeoutError if not had in time."""
+        self._handle()
         deadline_ns(timeout)
         return SyncHold(self, lib.SHL_KIND_WRITE, timeout)
 
     def update(self, timeout: Optional[float] = None) -> SyncHold:
         """``with lock.update(timeout=1):`` - an update hold, TimeoutError if not had in time."""
+        self._handle()
         deadline_ns(timeout)
         return SyncHold(self, lib.SHL_KIND_UPDATE, timeout)
 
@@ -337,31 +347,22 @@ class RWLock(_fastpath.Lock):
         return (_reopen, (RWLock, self.name))
 
     def __repr__(self) -> str:
+        if self._att is None:
+            return f"<pyshmlock.RWLock {self.name!r} closed>"
         return (f"<pyshmlock.RWLock {self.name!r} {'paused' if self.paused else 'running'}, "
                 f"this process {own_holds(self)}>")
 
 
 class _ClosedRWLock(RWLock):
-    """What a closed RWLock becomes: every use raises ValueError."""
+    """What a closed RWLock becomes, for ``paused`` alone: the C fast path's
+    getter (csrc/fastpath.c, lock_paused) reads SHL_ECLOSED as "not
+    paused".  Every other call relies on SHL_ECLOSED (see _handle).  Once
+    that getter raises on an error code, this class and the swap in close()
+    go away."""
 
-    def _closed(self, *args: Any, **kwargs: Any) -> Any:
+    @property
+    def paused(self) -> bool:
         raise ValueError(f"lock {self.name!r} is closed")
-
-    acquire_read = acquire_write = acquire_update = _closed
-    release_read = release_write = release_update = _closed
-    pause = resume = wait_resumed = wait_drained = is_locked = info = _closed
-    read = write = update = _closed
-    paused = property(_closed)   # type: ignore[assignment]
-
-    def __reduce__(self) -> Any:
-        return (_reopen, (RWLock, self.name))
-
-    def close(self) -> None:
-        """Already closed: nothing to do."""
-
-    def __repr__(self) -> str:
-        return f"<pyshmlock.RWLock {self.name!r} closed>"
-
 
 
 def unlink(name: str, force: bool = False) -> None:
