@@ -119,6 +119,8 @@
 #define ST_EPOCH_ONE (1u << ST_EPOCH_SHIFT)
 #define ST_EPOCH(s)  ((s) >> ST_EPOCH_SHIFT)
 #define ST_CLAIM_BITS (ST_OWNER | ST_UPDATE | ST_GRANTED)
+_Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED,
+               "shmlock.h's SHL_STATE_ bits must be the state word's ST_ bits");
 
 #define FLAG_DATA_SUSPECT 1u
 

@@ -52,6 +52,12 @@
 #define SHL_KIND_RESUMED  5   /* wait_resumed(): wait until not paused */
 #define SHL_KIND_DRAINED  6   /* wait_drained(): wait until no read hold exists */
 
+/* Bits of the shared state word (shl_load_state) that the binding reads to
+ * tell whether a new hold would wait (a hold's locked()); shmlock.c's ST_
+ * bits are asserted equal, so Python never copies them by hand. */
+#define SHL_STATE_OWNER_MASK 0x00000FFFu   /* exclusive claim: owner slot + 1 */
+#define SHL_STATE_PAUSED     0x00004000u   /* the pause gate is closed */
+
 #define SHL_MAX_PROCESSES_LIMIT 4095
 #define SHL_NAME_MAX 200
 

@@ -4,15 +4,18 @@ The fast module does not contain the C core: it calls the core's entry
 points through a table of addresses taken here from the cffi module, so a
 process has exactly one copy of the core's code and static state.  It also
 gets the two Python callables its slow path may need: the timeout rule for
-the edge cases (``lock.deadline_ns``) and the error mapping.
+the edge cases (``_deadline.deadline_ns``) and the error mapping.  Importing
+this module does the setup, so the base types are ready before any class
+that subclasses them exists.
 """
 from typing import Any, Callable
 
 from . import _fast
+from ._deadline import deadline_ns
 from ._shmlock import ffi, lib
 from .errors import error_for
 
-__all__ = ["Lock", "Hold", "setup", "address"]
+__all__ = ["Hold", "Lock", "address", "setup"]
 
 # Every entry point the fast module calls.
 ENTRY_POINTS = ("shl_try", "shl_wait", "shl_cancel", "shl_release_read",
@@ -40,3 +43,6 @@ def setup(deadline_ns: Callable[[Any], int]) -> None:
     table = {name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
              for name in ENTRY_POINTS}
     _fast.setup(table, deadline_ns, _error)
+
+
+setup(deadline_ns)

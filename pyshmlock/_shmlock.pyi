@@ -34,6 +34,8 @@ class _Lib:
     SHL_KIND_RESUME: int
     SHL_KIND_RESUMED: int
     SHL_KIND_DRAINED: int
+    SHL_STATE_OWNER_MASK: int
+    SHL_STATE_PAUSED: int
     SHL_MAX_PROCESSES_LIMIT: int
     SHL_NAME_MAX: int
     SHL_LOST_WRITE: int

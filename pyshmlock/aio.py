@@ -24,12 +24,14 @@ import time
 import weakref
 from typing import Any, ContextManager, Coroutine, Dict, List, NoReturn, Optional, Tuple
 
-from . import lock as _lock_module
+from . import holds as _holds
+from ._args import DEFAULT_MODE
+from ._attachment import _Attachment, _close_hooks
+from ._deadline import deadline_ns
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for
-from .lock import (DEFAULT_MODE, HOLD_KINDS, RWLock, _Attached, _Attachment, _close_hooks,
-                   _reopen, deadline_ns, hold_repr, hold_would_wait, no_plain_with,
-                   own_holds)
+from .holds import CALL_NAMES, HOLD_KINDS, hold_repr, hold_would_wait, own_holds
+from .lock import RWLock, _Attached, _reopen, no_plain_with
 
 __all__ = ["AsyncRWLock", "AsyncHold", "async_acquire"]
 
@@ -260,74 +262,88 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
     """
     h = lock._handle()
     deadline = deadline_ns(timeout)
-    if kind == lib.SHL_KIND_READ:
-        # Fast path: one try in C with no allocation; parking only if it fails.
-        rc = _try_read_once(h, 0)
-        if rc == lib.SHL_OK:
-            return True
-        # SHL_EDEADLK: this thread owns the exclusive hold.  A blocking call
-        # would wait forever; a task waits for another task of its loop to
-        # release it, so it parks below (its attempt is shared_thread).
-        if rc < 0 and rc != lib.SHL_EDEADLK:
-            raise error_for(rc, "acquire_read", lock.name)
-    w = ffi.new("shl_waiter *")
-    w.kind = kind
-    w.shared_thread = 1
+    if kind == lib.SHL_KIND_READ and _read_at_once(lock, h):
+        return True
+    w = _shared_waiter(kind)
     loop = asyncio.get_running_loop()
     try:
         while True:
-            rc = lib.shl_try(h, w)
-            if rc == lib.SHL_OK:
+            if _attempt(lock, h, w, kind):
                 return True
-            if rc != lib.SHL_AGAIN:
-                raise error_for(rc, _KIND_NAMES.get(kind, "acquire"), lock.name)
             remaining = None if deadline < 0 else (deadline - time.monotonic_ns()) / 1e9
             if remaining is not None and remaining <= 0:
                 lib.shl_cancel(h, w)
                 return False
-            helper = _helper_for(lock)
-            fut: "asyncio.Future[None]" = loop.create_future()
-            parked = _Parked(loop, fut, w)
-            if not helper.park(parked):
-                continue        # its word changed already: retry at once
-            timer = None if remaining is None else loop.call_later(
-                remaining, _wake_futures, [fut])
-            try:
-                await fut
-            finally:
-                helper.unpark(parked)
-                if timer is not None:
-                    timer.cancel()
+            await _park(lock, loop, w, remaining)
     except BaseException:
         lib.shl_cancel(h, w)     # cancelled or failed: leave nothing behind
         raise
 
 
-_lock_module._async_acquire = async_acquire
+def _read_at_once(lock: RWLock, h: Any) -> bool:
+    """The fast path of a read: one try in C with no allocation; the task
+    parks only if it fails."""
+    rc = _try_read_once(h, 0)
+    if rc == lib.SHL_OK:
+        return True
+    # SHL_EDEADLK: this thread owns the exclusive hold.  A blocking call
+    # would wait forever; a task waits for another task of its loop to
+    # release it, so it parks (its attempt is shared_thread).
+    if rc < 0 and rc != lib.SHL_EDEADLK:
+        raise error_for(rc, "acquire_read", lock.name)
+    return False
+
+
+def _shared_waiter(kind: int) -> Any:
+    """An attempt of `kind` made for the process, not this thread: a task
+    may wait for a hold another task of its thread has."""
+    w = ffi.new("shl_waiter *")
+    w.kind = kind
+    w.shared_thread = 1
+    return w
+
+
+def _attempt(lock: RWLock, h: Any, w: Any, kind: int) -> bool:
+    """One non-blocking step of attempt w: True once had, False if it must
+    wait (its registrations stay until shl_cancel)."""
+    rc = lib.shl_try(h, w)
+    if rc == lib.SHL_OK:
+        return True
+    if rc != lib.SHL_AGAIN:
+        raise error_for(rc, CALL_NAMES.get(kind, "acquire"), lock.name)
+    return False
+
+
+async def _park(lock: RWLock, loop: asyncio.AbstractEventLoop, w: Any,
+                remaining: Optional[float]) -> None:
+    """Sleep until the watcher sees attempt w's word change, or `remaining`
+    seconds pass; returns at once if the word changed already."""
+    helper = _helper_for(lock)
+    fut: "asyncio.Future[None]" = loop.create_future()
+    parked = _Parked(loop, fut, w)
+    if not helper.park(parked):
+        return          # its word changed already: retry at once
+    timer = None if remaining is None else loop.call_later(remaining, _wake_futures, [fut])
+    try:
+        await fut
+    finally:
+        helper.unpark(parked)
+        if timer is not None:
+            timer.cancel()
+
+
+_holds._async_acquire = async_acquire
 
 
 def _try_once(lock: RWLock, kind: int) -> bool:
     """One attempt of `kind` on this thread, as a task makes it; nothing is
     left behind if it must wait."""
     h = lock._handle()
-    w = ffi.new("shl_waiter *")
-    w.kind = kind
-    w.shared_thread = 1
-    rc = lib.shl_try(h, w)
-    if rc == lib.SHL_OK:
+    w = _shared_waiter(kind)
+    if _attempt(lock, h, w, kind):
         return True
-    if rc != lib.SHL_AGAIN:
-        raise error_for(rc, _KIND_NAMES.get(kind, "acquire"), lock.name)
     lib.shl_cancel(h, w)
     return False
-
-
-_KIND_NAMES = {
-    lib.SHL_KIND_READ: "acquire_read", lib.SHL_KIND_WRITE: "acquire_write",
-    lib.SHL_KIND_UPDATE: "acquire_update", lib.SHL_KIND_RESUME: "resume",
-    lib.SHL_KIND_RESUMED: "wait_resumed", lib.SHL_KIND_DRAINED: "wait_drained",
-}
-
 
 
 class AsyncHold:

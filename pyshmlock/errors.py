@@ -105,8 +105,9 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         return LockInUseError(
             f"{where}{what}: another thread or task of this process is inside a call "
             "on this lock or waiting for it (calls in flight); let them finish first")
-    if rc == lib.SHL_ECLOSED:
-        return ValueError(f"{where}{what}: the lock object is closed")
+    if rc == lib.SHL_ECLOSED:     # the one "closed" error, see RWLock._handle
+        return ValueError(f"lock {name!r} is closed" if name else
+                          f"{what}: the lock object is closed")
     if rc == lib.SHL_EINVAL:
         return ValueError(f"{where}{what}: invalid argument")
     if rc == lib.SHL_ESYS:

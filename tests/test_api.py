@@ -428,3 +428,22 @@ def test_close_prunes_helper_and_its_thread(lock_name):
     for t in threads:
         t.join(2)
         assert not t.is_alive(), "the helper thread outlived close()"
+
+
+def test_every_call_on_a_closed_lock_says_closed_the_same_way(lock_name):
+    # Issue 15: one closed mechanism (the C core's SHL_ECLOSED, plus one
+    # Python check for the methods that do not reach C), one message.
+    lk = pyshmlock.RWLock(lock_name)
+    hold = lk.reader_lock
+    lk.close()
+    calls = ["acquire_read", "acquire_write", "acquire_update", "release_read",
+             "release_write", "release_update", "pause", "resume", "wait_resumed",
+             "wait_drained", "is_locked", "info", "read", "write", "update"]
+    for call in calls:
+        with pytest.raises(ValueError, match=rf"^lock '{lock_name}' is closed$"):
+            getattr(lk, call)()
+    for use in (lambda: lk.paused, hold.locked, hold.acquire, hold.release):
+        with pytest.raises(ValueError, match=rf"^lock '{lock_name}' is closed$"):
+            use()
+    lk.close()                                   # idempotent
+    assert repr(lk) == f"<pyshmlock.RWLock {lock_name!r} closed>"

@@ -1,5 +1,6 @@
 """The cross-process semantics of the core issue, one numbered rule at a time.
 Every case has its other side in another process."""
+import os
 import threading
 import time
 
@@ -464,7 +465,41 @@ def open_in_child(q, name):
 
 def test_fork_while_another_thread_holds_the_registry_lock(lock, lock_name, children):
     # The child must not inherit the lock locked: it gets a fresh one.
-    from pyshmlock import lock as lock_module
-    with lock_module._registry_lock:
+    from pyshmlock import _attachment
+    with _attachment._registry_lock:
         c = children(open_in_child, lock_name)
     assert c.get(timeout=10) is True
+
+
+def test_a_slow_open_does_not_hold_up_opens_of_other_names(lock_name):
+    # Issue 15: an open of a segment whose creator has not finished waits
+    # (up to 2 s) for it inside the C core; that wait must not hold the
+    # process-wide registry lock, or every open of every name would queue
+    # behind it.
+    slow = lock_name + "-slow"      # unique like lock_name
+    path = os.path.join(pyshmlock.lock.SHM_DIR, pyshmlock.lock.SHM_PREFIX + slow)
+    open(path, "wb").close()          # a creator that has not initialised it yet
+    finished = threading.Event()
+    errors = []
+
+    def open_slow():
+        try:
+            pyshmlock.RWLock(slow)
+        except pyshmlock.UninitializedSegmentError as e:
+            errors.append(e)
+        finally:
+            finished.set()
+
+    t = threading.Thread(target=open_slow, daemon=True)
+    try:
+        t.start()
+        time.sleep(0.3)               # let it get into its wait
+        assert not finished.is_set()
+        with pyshmlock.RWLock(lock_name).attached() as other:
+            assert other.acquire_read(0)
+            other.release_read()
+        assert not finished.is_set(), "the other name's open waited for the slow one"
+        t.join(10)
+        assert finished.is_set() and len(errors) == 1
+    finally:
+        os.unlink(path)

@@ -35,3 +35,56 @@ def test_ruff_is_clean():
         pytest.skip("ruff is not installed (pip install '.[test]')")
     p = run(ruff, "check", "pyshmlock", "tests", "bench", "verify", "csrc")
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_no_c_constant_is_copied_by_hand():
+    """Bits of the state word and other C constants reach Python from
+    shmlock.h through the binding (lib.SHL_*), never as literals: a copy
+    would silently disagree after a layout change (issue 15)."""
+    import re
+    pattern = re.compile(r"^\s*_?[A-Z][A-Z0-9_]*\s*=\s*(0[xX][0-9a-fA-F]+|\d+\s*<<)", re.M)
+    found = []
+    for top, _dirs, files in os.walk(os.path.join(ROOT, "pyshmlock")):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(top, f)) as src:
+                    found += [f"{f}: {m.group(0).strip()}" for m in pattern.finditer(src.read())]
+    assert not found, found
+
+
+def test_no_import_cycles_in_the_package():
+    """Module-level imports inside pyshmlock/ go one way (issue 15): aio
+    imports the lock side, never the reverse (hooks invert the two calls
+    that go back); imports under ``if TYPE_CHECKING:`` do not count."""
+    import ast
+    pkg_dir = os.path.join(ROOT, "pyshmlock")
+    mods = {}
+    for top, _dirs, files in os.walk(pkg_dir):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(top, f), ROOT)[:-3].replace(os.sep, ".")
+                mods[rel[:-9] if rel.endswith(".__init__") else rel] = os.path.join(top, f)
+    edges = {m: set() for m in mods}
+    for m, path in mods.items():
+        with open(path) as src:
+            tree = ast.parse(src.read())
+        pkg = m if path.endswith("__init__.py") else m.rsplit(".", 1)[0]
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                if node.module and target in mods:
+                    edges[m].add(target)
+                edges[m] |= {target + "." + a.name for a in node.names} & set(mods)
+    cycles = []
+
+    def walk(m, path):
+        for n in edges[m]:
+            if n in path:
+                cycles.append(path[path.index(n):] + [n])
+            else:
+                walk(n, path + [n])
+
+    for m in mods:
+        walk(m, [m])
+    assert not cycles, cycles[:3]

@@ -98,7 +98,7 @@ async def pause_and_update_reordered(c: Client, rng: random.Random) -> Result:
         await asyncio.sleep(0.1)
         delay = rng.uniform(-0.02, 0.02) if order == "jitter" else \
             (0.005 if order == "pause first" else -0.005)
-        upd: "asyncio.Task[Any]"
+        upd: asyncio.Task[Any]
         if delay >= 0:
             p = asyncio.create_task(c.pause(a))
             await asyncio.sleep(delay)

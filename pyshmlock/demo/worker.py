@@ -25,8 +25,7 @@ from typing import Any, Dict, List, Optional
 
 from ..aio import AsyncRWLock
 from ..lock import RWLock
-from .state import (MODES, SharedState, die_with_parent, engine_lock_name, quiesce,
-                    swap_weights)
+from .state import MODES, SharedState, die_with_parent, engine_lock_name, quiesce, swap_weights
 
 REQUEST_TIMEOUT = 60.0
 
@@ -101,8 +100,8 @@ class WorkerCore:
             self.alock = AsyncRWLock(name, create=False)
             self.lock_names.insert(0, name)
         self.is_pause = False
-        self.pending: Dict[str, "asyncio.Queue[Any]"] = {}
-        self.acks: Dict[int, "asyncio.Future[None]"] = {}
+        self.pending: Dict[str, asyncio.Queue[Any]] = {}
+        self.acks: Dict[int, asyncio.Future[None]] = {}
         self.ids = itertools.count()
         self.inflight = 0
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -187,7 +186,7 @@ class WorkerCore:
 
     async def _run(self, max_tokens: int) -> Dict[str, Any]:
         rid = f"{self.index}-{next(self.ids)}"
-        q: "asyncio.Queue[Any]" = asyncio.Queue()
+        q: asyncio.Queue[Any] = asyncio.Queue()
         self.pending[rid] = q
         self.inflight += 1
         tokens: List[int] = []

@@ -1,0 +1,122 @@
+"""Attachments: the per-process registry that makes every ``RWLock`` object
+of one segment in one process share one C handle (holds belong to the
+process, not to the Python object); opening, the last close and its hooks,
+and the registry's reset in a forked child."""
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._shmlock import ffi, lib
+from .errors import LockInUseError, error_for, open_error
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "pyshmlock."
+
+_OK = lib.SHL_OK
+
+
+class _Attachment:
+    """One process's attachment to one segment, shared by its RWLock objects."""
+
+    __slots__ = ("handle", "key", "name", "refs")
+
+    def __init__(self, handle: Any, key: Tuple[int, int], name: str) -> None:
+        self.handle = handle
+        self.refs = 0
+        self.key = key
+        self.name = name
+
+
+_registry: Dict[Tuple[int, int], _Attachment] = {}
+_registry_lock = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    # Another thread may have held the lock at fork(): the child would hang
+    # on it forever.  The attachments stay: the C core gives the child slots
+    # of its own on first use.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
+def _segment_key(name: str) -> Optional[Tuple[int, int]]:
+    try:
+        st = os.stat(os.path.join(SHM_DIR, SHM_PREFIX + name))
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _attach(name: str, create: bool, mode: int, max_processes: int,
+            gid: int = -1) -> _Attachment:
+    """This process's attachment to the segment ``name``, one more reference.
+
+    The C open runs outside the registry lock: it may wait (up to 2 s) for a
+    creator still initialising the segment, and opens of other names must
+    not queue behind it.  Two threads opening one name at once then both
+    open it; the registry, keyed by the segment's dev/ino, keeps the first
+    handle and the other is closed."""
+    key = _segment_key(name)
+    with _registry_lock:
+        att = _registry.get(key) if key else None
+        if att is not None:
+            return _share(att)
+    out = ffi.new("shl_lock **")
+    info = ffi.new("shl_open_info *")
+    rc = lib.shl_open(name.encode(), int(create), mode, gid, max_processes, out, info)
+    if rc != _OK:
+        raise open_error(rc, name, info, mode, gid)
+    key = (info.dev, info.ino)
+    with _registry_lock:
+        att = _registry.get(key)
+        if att is None:
+            att = _registry[key] = _Attachment(out[0], key, name)
+            att.refs += 1
+            return att
+        # Another thread of this process opened the same segment meanwhile:
+        # keep its attachment, drop this handle.
+        lib.shl_close(out[0])
+        return _share(att)
+
+
+def _share(att: _Attachment) -> _Attachment:
+    """One more reference to an existing attachment (caller holds the
+    registry lock)."""
+    # Inherited through fork(): the child takes a slot of its own now, so
+    # that it counts as attached from the moment it opens the lock.
+    rc = lib.shl_attach(att.handle)
+    if rc != _OK:
+        raise error_for(rc, "open", att.name)
+    att.refs += 1
+    return att
+
+
+# Run before the last close of an attachment: a hook raises LockInUseError
+# to refuse, or stops what it runs on the handle (aio: the watcher thread).
+# A hook, so that this module never imports pyshmlock.aio: aio imports it.
+_close_hooks: List[Callable[[_Attachment], None]] = []
+
+
+def _detach(att: _Attachment) -> None:
+    with _registry_lock:
+        if att.refs == 1:
+            for hook in _close_hooks:
+                hook(att)
+            rc = lib.shl_close(att.handle)
+            if rc == lib.SHL_EBUSY:
+                raise LockInUseError(
+                    f"lock {att.name!r}: close() while this process still holds it; "
+                    "release its holds first")
+            if rc == lib.SHL_EINFLIGHT:
+                raise LockInUseError(
+                    f"lock {att.name!r}: close() while another thread or task of this "
+                    "process is inside a call on it or waiting for it (calls in flight); "
+                    "let them finish, or cancel them, first")
+            if rc != _OK:
+                raise error_for(rc, "close", att.name)
+            del _registry[att.key]
+        att.refs -= 1
+

@@ -1,0 +1,125 @@
+"""Running the demo: the scenarios in order against a :class:`Cluster`,
+the final table, and serving on with ``--keep-running``."""
+import asyncio
+import random
+import signal
+import sys
+import textwrap
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+from .cluster import BACKENDS, Cluster, _raise_stopped, wait_healthy
+
+Row = Tuple[str, str, str, bool, float]
+
+SCENARIOS: List[Tuple[str, str]] = [
+    ("concurrent /generate while paused", "none completes while paused; all complete after continue"),
+    ("pause to A, update to B, both orders + jitter", "no deadlock; update runs under the pause within 1 s"),
+    ("continue to C while B updates", "generation resumes only after the update ends"),
+    ("unpaused update, requests in flight everywhere", "waits for all of them; admits no new request meanwhile"),
+    ("abort-mode pause", "returns only after every worker drained"),
+    ("pause/continue cycles to random workers", "afterwards every worker serves"),
+    ("worker started while paused", "sees the pause"),
+    ("token-version violations", "zero, throughout"),
+]
+
+
+async def run_scenarios(cluster: Cluster, requests: int, cycles: int,
+                        out: Callable[[str], None]) -> List[Row]:
+    import httpx
+
+    from . import scenarios as sc
+    rng = random.Random(0)
+    rows: List[Row] = []
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+    async with httpx.AsyncClient(limits=limits) as http:
+        c = sc.Client(http, cluster.shared_url, cluster.worker_urls)
+        runs: List[Callable[[], Any]] = [
+            lambda: sc.concurrent_while_paused(c, requests),
+            lambda: sc.pause_and_update_reordered(c, rng),
+            lambda: sc.continue_during_update(c, cluster.state),
+            lambda: sc.unpaused_update_waits_for_all(c, cluster.state),
+            lambda: sc.abort_drains_every_worker(c),
+            lambda: sc.many_pause_continue_cycles(c, cycles, rng),
+            lambda: sc.worker_started_while_paused(c, cluster.start_spare),
+            lambda: _sync(sc.no_violations(cluster.state)),
+        ]
+        for (title, expected), run in zip(SCENARIOS, runs):
+            out(f"  ... {title}")
+            t0 = time.monotonic()
+            try:
+                observed, ok = await asyncio.wait_for(run(), 90)
+            except Exception as e:          # a hang or an error is a failure
+                observed, ok = f"error: {type(e).__name__}: {e}", False
+                await c.recover()
+            took = time.monotonic() - t0
+            rows.append((title, expected, observed, ok, took))
+            out(f"  {'PASS' if ok else 'FAIL'}  {title}  ({took:.1f} s)")
+    return rows
+
+
+async def _sync(value: Any) -> Any:
+    return value
+
+
+def format_table(rows: List[Row], width: Optional[int] = None) -> str:
+    """The final table, wrapped to fit width (default: the terminal, or 100)."""
+    from .._table import format_table as fit
+    head = ("scenario", "expected", "observed", "result", "time")
+    body = [(r[0], r[1], r[2], "PASS" if r[3] else "FAIL", f"{r[4]:.1f} s") for r in rows]
+    return fit(head, body, width)
+
+
+def run_demo(workers: int = 4, backend: str = "shared", requests: int = 16, cycles: int = 1000,
+             keep_running: bool = False, out: Callable[[str], None] = print) -> bool:
+    """Start the server, run every scenario, print the table.  True if all passed."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}")
+    if workers < 2:
+        raise ValueError("the demo needs at least 2 workers")
+    t0 = time.monotonic()
+    old = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+    try:
+        return _run_demo(workers, backend, requests, cycles, keep_running, out, t0)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _run_demo(workers: int, backend: str, requests: int, cycles: int, keep_running: bool,
+              out: Callable[[str], None], t0: float) -> bool:
+    cluster = Cluster(workers, backend)
+    try:
+        cluster.start()
+        asyncio.run(wait_healthy(cluster.worker_urls))
+        from .._table import terminal_width
+        out(textwrap.fill(f"pyshmlock demo: backend={backend}, {workers} workers on "
+                          f"{cluster.shared_url} (lock {cluster.name!r}), scheduler at "
+                          f"100 tokens/s per request", terminal_width(),
+                          subsequent_indent="  ") + "\n")
+        rows = asyncio.run(run_scenarios(cluster, requests, cycles, out))
+        out("")
+        out(format_table(rows))
+        passed = sum(r[3] for r in rows)
+        out(f"\n{passed}/{len(rows)} scenarios passed on the {backend} backend "
+            f"in {time.monotonic() - t0:.0f} s")
+        if keep_running:
+            _serve_forever(cluster, out)
+        return passed == len(rows)
+    finally:
+        cluster.shutdown()
+
+
+def _serve_forever(cluster: Cluster, out: Callable[[str], None]) -> None:
+    out(f"\nserver left running; Ctrl-C to stop.\n"
+        f"  curl -s {cluster.shared_url}/health\n"
+        f"  curl -s -XPOST {cluster.shared_url}/generate -d '{{\"max_tokens\": 5}}'\n"
+        f"  pyshmlock status {cluster.name}\n"
+        f"  pyshmlock pause {cluster.name}; pyshmlock resume {cluster.name}\n"
+        f"  workers: {' '.join(cluster.worker_urls)}")
+    sys.stdout.flush()
+    # Ctrl-C (KeyboardInterrupt) and SIGTERM/SIGHUP (Stopped) end this wait;
+    # the caller's cleanup then stops every child.
+    while all(p.is_alive() for p in cluster.procs[:cluster.n + 1]):
+        time.sleep(0.5)

@@ -1,0 +1,245 @@
+"""Snapshots of a lock: :class:`LockInfo` and its parts, built by one
+function from what the C core reports, whether the looker is attached
+(``RWLock.info``) or only observes the segment read-only (:func:`inspect`)."""
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._args import check_name
+from ._shmlock import ffi, lib
+from .errors import error_for
+from .stale import _pid_running
+
+_OK = lib.SHL_OK
+
+_LOST_NAMES = (
+    (lib.SHL_LOST_WRITE, "write"),
+    (lib.SHL_LOST_UPDATE, "update"),
+    (lib.SHL_LOST_CLAIM, "exclusive claim"),
+    (lib.SHL_LOST_READS, "reads"),
+    (lib.SHL_LOST_WAITERS, "queued readers"),
+    (lib.SHL_LOST_PAUSE, "pause"),
+)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """A hold reclaimed from a process that died (or exited) holding it."""
+
+    pid: int
+    lost: Tuple[str, ...]
+    reads: int
+    queued_readers: int
+    when: float          # time.time() seconds
+
+
+@dataclass(frozen=True)
+class AttachedProcess:
+    """One attached process (one slot).  ``pid`` is only meaningful inside
+    the PID namespace ``pid_namespace`` (the inode of /proc/<pid>/ns/pid, 0
+    if unknown): two containers sharing /dev/shm may show the same pid."""
+
+    pid: int
+    pid_namespace: int
+    slot: int
+    readers: int
+    queued_readers: int
+    waiting: int
+    is_self: bool        # this process's own attachment
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A snapshot of a lock as every process sees it (see RWLock.info)."""
+
+    name: str
+    paused: bool
+    paused_by_pid: Optional[int]
+    paused_at: Optional[float]
+    pause_count: int
+    writer_pid: Optional[int]
+    updater_pid: Optional[int]
+    #: True once the writer/updater holds the lock; False while its claim
+    #: still waits for readers to leave.
+    exclusive_granted: bool
+    readers: Dict[int, int]
+    waiters: Dict[int, int]
+    queued_readers: Dict[int, int]
+    attached_pids: List[int]
+    epoch: int
+    max_processes: int
+    data_suspect: bool
+    recoveries: List[Recovery] = field(default_factory=list)
+    recovery_count: int = 0
+    #: one entry per attached process; ``readers``/``waiters``/
+    #: ``queued_readers`` above add up processes that show the same pid
+    processes: List[AttachedProcess] = field(default_factory=list)
+    #: Processes that died attached and are not reclaimed yet (only an
+    #: observer sees them: an attached process reclaims them as it looks).
+    dead_pids: List[int] = field(default_factory=list)
+    #: Whether the process that paused still runs (None: not paused).
+    paused_by_alive: Optional[bool] = None
+    #: No live process is attached and the segment holds state left by dead
+    #: ones (a pause whose pauser is gone, holds or claims of dead processes).
+    stale: bool = False
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The snapshot as plain JSON-serialisable data."""
+        d = dict(self.__dict__)
+        d["processes"] = [dict(p.__dict__) for p in self.processes]
+        d["readers"] = {str(k): v for k, v in self.readers.items()}
+        d["waiters"] = {str(k): v for k, v in self.waiters.items()}
+        d["queued_readers"] = {str(k): v for k, v in self.queued_readers.items()}
+        d["recoveries"] = [dict(r.__dict__, lost=list(r.lost)) for r in self.recoveries]
+        return d
+
+
+
+# ------------------------------------------------------------- the builder
+
+# read_slot(i, out) / read_recovery(k, out): the C call that fills one slot
+# or recovery record of the segment looked at; SHL_OK or an error code.
+_Reader = Callable[[int, Any], int]
+
+
+def _add(counts: Dict[int, int], pid: int, n: int) -> None:
+    if n:
+        counts[pid] = counts.get(pid, 0) + n
+
+
+def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader, *,
+               observer: bool, reread: Optional[Callable[[Any], int]] = None) -> LockInfo:
+    """The LockInfo of header snapshot ``snap`` and the slots and recovery
+    records the readers return.
+
+    An attached looker (``observer`` false) reclaims dead holders while it
+    scans its slots, so it sees live slots only, and ``reread`` refreshes the
+    header afterwards.  An observer changes nothing: it also sees slots of
+    dead processes (``dead_pids``; their holds still count) and judges
+    whether the segment is stale."""
+    readers: Dict[int, int] = {}
+    waiters: Dict[int, int] = {}
+    queued: Dict[int, int] = {}
+    live: List[int] = []
+    dead: List[int] = []
+    procs: List[AttachedProcess] = []
+    slot = ffi.new("shl_slot_snapshot *")
+    for i in range(snap.max_processes):
+        if read_slot(i, slot) != _OK:
+            continue
+        if not (slot.alive if not observer else (slot.pid or slot.readers or slot.owed)):
+            continue                                  # free (or, attached, dead)
+        if slot.alive:
+            live.append(slot.pid)
+            procs.append(AttachedProcess(
+                pid=slot.pid, pid_namespace=slot.pidns, slot=i, readers=slot.readers,
+                queued_readers=slot.owed, waiting=slot.waiting,
+                is_self=bool(slot.is_self) and not observer))
+            _add(waiters, slot.pid, slot.waiting)
+        else:
+            dead.append(slot.pid)
+        _add(readers, slot.pid, slot.readers)
+        _add(queued, slot.pid, slot.owed)
+    if reread is not None:
+        reread(snap)       # slot scanning may have reclaimed a dead holder
+    count = snap.recovery_count
+    recoveries = _recoveries(read_recovery, count)
+    pauser_alive = None
+    if snap.paused:
+        pauser_alive = (snap.paused_by_pid in live or
+                        _pid_running(snap.paused_by_pid, snap.paused_at_ns / 1e9))
+    owner = snap.exclusive_pid or None
+    kind = snap.exclusive_kind
+    suspect = bool(snap.data_suspect)
+    stale = False
+    if observer:
+        owner_dead = owner is not None and owner not in live
+        # A granted exclusive holder that died makes the data suspect already;
+        # the flag itself is set when an attached process reclaims the hold.
+        suspect = suspect or (owner_dead and bool(snap.exclusive_granted))
+        stale = not live and bool((snap.paused and not pauser_alive) or dead or owner_dead)
+    return LockInfo(
+        name=name,
+        paused=bool(snap.paused),
+        paused_by_pid=(snap.paused_by_pid or None) if snap.paused else None,
+        paused_at=(snap.paused_at_ns / 1e9) if snap.paused and snap.paused_at_ns else None,
+        pause_count=snap.pause_count,
+        writer_pid=owner if kind == lib.SHL_KIND_WRITE else None,
+        updater_pid=owner if kind == lib.SHL_KIND_UPDATE else None,
+        exclusive_granted=bool(snap.exclusive_granted),
+        readers=readers,
+        waiters=waiters,
+        queued_readers=queued,
+        attached_pids=sorted(live),
+        epoch=snap.epoch,
+        max_processes=snap.max_processes,
+        data_suspect=suspect,
+        recoveries=recoveries,
+        recovery_count=count,
+        processes=procs,
+        dead_pids=sorted(set(dead) - set(live)),
+        paused_by_alive=pauser_alive,
+        stale=stale,
+    )
+
+
+def _recoveries(read_recovery: _Reader, count: int) -> List[Recovery]:
+    """The last ``count`` recovery records (at most the ring's size)."""
+    rec = ffi.new("shl_recovery_record *")
+    n = min(count, lib.SHL_RECOVERY_LOG)
+    out = []
+    for k in range(count - n, count):
+        read_recovery(k % lib.SHL_RECOVERY_LOG, rec)
+        lost = tuple(label for bit, label in _LOST_NAMES if rec.what & bit)
+        out.append(Recovery(pid=rec.pid, lost=lost, reads=rec.reads,
+                            queued_readers=rec.owed, when=rec.when_ns / 1e9))
+    return out
+
+
+def attached_info(h: Any, name: str) -> LockInfo:
+    """The snapshot an attached process takes (``RWLock.info``); looking
+    also reclaims holds of processes found dead."""
+    snap = ffi.new("shl_snapshot *")
+    rc = lib.shl_info(h, snap)
+    if rc != _OK:
+        raise error_for(rc, "info", name)
+    return build_info(name, snap,
+                      lambda i, out: lib.shl_slot_info(h, i, out),
+                      lambda k, out: lib.shl_recovery_info(h, k, out),
+                      observer=False, reread=lambda s: lib.shl_info(h, s))
+
+
+# ------------------------------------------------------------- observation
+
+def inspect(name: str) -> LockInfo:
+    """A snapshot of the lock ``name`` without attaching to it.
+
+    The segment is mapped read-only, so this needs only read permission, takes
+    no process slot (it works when all ``max_processes`` are taken), never
+    lists the caller, and never changes the lock.  Processes that died
+    attached are reported in ``dead_pids`` (their holds still count until an
+    attached process reclaims them).  FileNotFoundError if there is no such
+    lock; UninitializedSegmentError at once for an empty segment.
+    """
+    check_name(name)
+    out = ffi.new("shl_observer **")
+    rc = lib.shl_observe_open(name.encode(), out)
+    if rc != _OK:
+        raise error_for(rc, "inspect", name)
+    o = out[0]
+    try:
+        return _observed_info(o, name)
+    finally:
+        lib.shl_observe_close(o)
+
+
+
+
+def _observed_info(o: Any, name: str) -> LockInfo:
+    snap = ffi.new("shl_snapshot *")
+    rc = lib.shl_observe_info(o, snap)
+    if rc != _OK:
+        raise error_for(rc, "inspect", name)
+    return build_info(name, snap,
+                      lambda i, out: lib.shl_observe_slot(o, i, out),
+                      lambda k, out: lib.shl_observe_recovery(o, k, out),
+                      observer=True)
