@@ -412,7 +412,14 @@ static PyObject *lock_paused(PyObject *self, void *closure)
     (void)closure;
     if (!g_ready)
         return not_ready(), NULL;
-    return PyBool_FromLong(core.is_paused(((LockObject *)self)->h) == 1);
+    int r = core.is_paused(((LockObject *)self)->h);
+    if (r < 0) {                /* closed (SHL_ECLOSED) or another error */
+        PyObject *name = lock_name(self);
+        raise_rc(r, "paused", name, errno);
+        Py_XDECREF(name);
+        return NULL;
+    }
+    return PyBool_FromLong(r == 1);
 }
 
 /* _fast_bind(address): the shl_lock * this object uses; 0 when closed. */

@@ -329,7 +329,6 @@ class RWLock(_fastpath.Lock):
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
         self._fast_bind(0)
-        self.__class__ = _ClosedRWLock
 
     def attached(self) -> ContextManager["RWLock"]:
         """``with RWLock(name).attached() as lock:`` - the lock for the block,
@@ -351,18 +350,6 @@ class RWLock(_fastpath.Lock):
             return f"<pyshmlock.RWLock {self.name!r} closed>"
         return (f"<pyshmlock.RWLock {self.name!r} {'paused' if self.paused else 'running'}, "
                 f"this process {own_holds(self)}>")
-
-
-class _ClosedRWLock(RWLock):
-    """What a closed RWLock becomes, for ``paused`` alone: the C fast path's
-    getter (csrc/fastpath.c, lock_paused) reads SHL_ECLOSED as "not
-    paused".  Every other call relies on SHL_ECLOSED (see _handle).  Once
-    that getter raises on an error code, this class and the swap in close()
-    go away."""
-
-    @property
-    def paused(self) -> bool:
-        raise ValueError(f"lock {self.name!r} is closed")
 
 
 def unlink(name: str, force: bool = False) -> None:
