@@ -240,6 +240,9 @@ inline probe_watched() {
 
 /* [model:DEATH_WATCH] watch every other process's robust mutex word
  * (collect_watch_set); `gone` if one already died: probe, do not sleep.
+ * As in C, only slots below the high-water mark are looked at, besides the
+ * slot the state word names as owner (a process that has not attached yet
+ * is not watched). 
  * With CLOSE, as in C: a free slot is watched only if it is dirty or
  * [model:WATCH_OWNER] the state word names it as owner, and its mutex word
  * (no owner) makes `gone` at once. */
@@ -255,7 +258,7 @@ inline watch_all_others() {
         watched = 0; gone = 0;
         for (k : 0 .. NP - 1) {
             if
-            :: k != me && WATCHES(k) -> watched = watched | (1 << k);
+            :: k != me && WATCHES(k) && (k < hwm || OWNER(st) == k + 1) -> watched = watched | (1 << k);
                           if :: owner_died[k] || freed[k] -> gone = 1 :: else fi
             :: else
             fi
