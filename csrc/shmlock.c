@@ -8,8 +8,9 @@
  * One POSIX shared-memory segment "/pyshmlock.<name>" holds:
  *
  *   header   magic, layout version, sizes, max_processes (fixed by the
- *            creator), the 32-bit STATE WORD, the DRAIN COUNTER, and
- *            observability fields (who paused, recovery log).
+ *            creator), the SLOTS' HIGH-WATER MARK, the 32-bit STATE WORD,
+ *            the DRAIN COUNTER, and observability fields (who paused,
+ *            recovery log).
  *   slots    max_processes per-process records.  A process owns exactly one
  *            slot per lock it has open.  All per-process state lives in the
  *            slot: its read-hold count, its queued ("owed") readers, and a
@@ -33,12 +34,22 @@
  *             otherwise slot.readers -= 1 and wait.
  *             (A slot that already counts SHL_READ_HOLDS_MAX fails with
  *             SHL_EOVERFLOW instead: the 32-bit count never wraps.)
- *   writer:   CAS(state: OWNER = me) ; then scan every slot.readers.
+ *   writer:   CAS(state: OWNER = me) ; n = load(slots_hwm) ;
+ *             then scan slot.readers of slots [0, n).
  *
  * In the single total order of seq_cst operations either the reader's load
  * follows the claim (it sees OWNER and backs out) or the writer's scan
  * follows the increment (it sees the reader and waits).  Both cannot miss.
  * The same handshake makes pause() atomic against admission.
+ *
+ * Scans are bounded by the slots' high-water mark (1 + the highest slot
+ * index ever attached), so their cost follows the processes ever attached,
+ * not max_processes.  A process raises the mark (seq_cst fetch-max) when it
+ * takes its slot, before the slot holds any registration; every scanner
+ * loads it (seq_cst) after its own operation on the state word, and clamps
+ * it to the validated max.  A reader the scan must count looked at the
+ * state before that operation, so its raise came before the scanner's load
+ * in the total order, and the mark never falls (proof at scan_limit).
  *
  * Phase fairness.  A reader that finds an exclusive claim with epoch E
  * registers in slot.rwait[E & 1] ("owed").  The claimant of a later claim
@@ -793,6 +804,10 @@ int shl_attach(shl_lock *h)
  * slot i is scanned, and its load of slot.readers follows the increment in
  * S, so it sees it.  A slot reused after a death or by a forked child is
  * below the mark already (attach_slot raises it again, harmlessly).
+ * (Strictly, the raise need only precede the reader's look at the state;
+ * attach_slot puts it before anything the slot can hold.  The model has
+ * both steps, ATTACH_HWM and SCAN_HWM, and catches a raise after the look
+ * and a bound loaded before the claim.)
  */
 static uint32_t scan_limit(shl_lock *h)
 {
