@@ -8,8 +8,9 @@
  * One POSIX shared-memory segment "/pyshmlock.<name>" holds:
  *
  *   header   magic, layout version, sizes, max_processes (fixed by the
- *            creator), the 32-bit STATE WORD, the DRAIN COUNTER, and
- *            observability fields (who paused, recovery log).
+ *            creator), the SLOTS' HIGH-WATER MARK, the 32-bit STATE WORD,
+ *            the DRAIN COUNTER, and observability fields (who paused,
+ *            recovery log).
  *   slots    max_processes per-process records.  A process owns exactly one
  *            slot per lock it has open.  All per-process state lives in the
  *            slot: its read-hold count, its queued ("owed") readers, and a
@@ -33,12 +34,22 @@
  *             otherwise slot.readers -= 1 and wait.
  *             (A slot that already counts SHL_READ_HOLDS_MAX fails with
  *             SHL_EOVERFLOW instead: the 32-bit count never wraps.)
- *   writer:   CAS(state: OWNER = me) ; then scan every slot.readers.
+ *   writer:   CAS(state: OWNER = me) ; n = load(slots_hwm) ;
+ *             then scan slot.readers of slots [0, n).
  *
  * In the single total order of seq_cst operations either the reader's load
  * follows the claim (it sees OWNER and backs out) or the writer's scan
  * follows the increment (it sees the reader and waits).  Both cannot miss.
  * The same handshake makes pause() atomic against admission.
+ *
+ * Scans are bounded by the slots' high-water mark (1 + the highest slot
+ * index ever attached), so their cost follows the processes ever attached,
+ * not max_processes.  A process raises the mark (seq_cst fetch-max) when it
+ * takes its slot, before the slot holds any registration; every scanner
+ * loads it (seq_cst) after its own operation on the state word, and clamps
+ * it to the validated max.  A reader the scan must count looked at the
+ * state before that operation, so its raise came before the scanner's load
+ * in the total order, and the mark never falls (proof at scan_limit).
  *
  * Phase fairness.  A reader that finds an exclusive claim with epoch E
  * registers in slot.rwait[E & 1] ("owed").  The claimant of a later claim
@@ -146,6 +157,11 @@ struct shl_header {
     uint32_t creator_pid;
     uint64_t total_size;
     _Atomic uint32_t ready;
+    /* 1 + the highest slot index ever attached: only rises (attach_slot),
+     * and bounds every scan of the slots (scan_limit).  Read-mostly, so it
+     * shares the line of the fields fixed at creation.  Untrusted: clamped
+     * to the validated max before use. */
+    _Atomic uint32_t slots_hwm;
     _Alignas(64) _Atomic uint32_t state;       /* the gate; own cache line */
     _Alignas(64) _Atomic uint32_t drain_seq;   /* bumped when readers leave */
     _Alignas(64) _Atomic uint32_t flags;
@@ -685,6 +701,28 @@ static int probe_slot(shl_lock *h, uint32_t i)
     return 1;
 }
 
+/*
+ * Raise the slots' high-water mark to cover slot i (a fetch-max by CAS).
+ * attach_slot calls it once it owns slot i and before the slot can hold
+ * anything of ours: before its pid is published and before any read or
+ * owed registration in it (those need h->self, set after this).  See
+ * scan_limit for why that order makes the bounded scans exact.
+ *
+ * When the mark already covers i no store is needed: the seq_cst load read
+ * a value that an earlier raise (earlier in the single total order) wrote,
+ * and the mark never falls, so every later seq_cst load of it sees at least
+ * i + 1 just as if we had raised it ourselves.
+ */
+static void raise_slots_hwm(shl_lock *h, uint32_t i)
+{
+    uint32_t want = i + 1;
+    uint32_t cur = atomic_load_explicit(&h->hdr->slots_hwm, memory_order_seq_cst);
+    while (cur < want &&   /* [model:ATTACH_HWM] */
+           !atomic_compare_exchange_weak_explicit(&h->hdr->slots_hwm, &cur, want,
+                                                  memory_order_seq_cst, memory_order_seq_cst))
+        ;
+}
+
 /* Take a free slot (or a dead process's, after reclaiming it). */
 static int attach_slot(shl_lock *h)
 {
@@ -699,6 +737,7 @@ static int attach_slot(shl_lock *h)
             recover_slot(h, i);
         else if (r != 0)
             continue;    /* EBUSY: a live process owns it */
+        raise_slots_hwm(h, i);
         /* A dead owner may also have held the exclusive claim. */
         if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1)
             recover_slot(h, i);
@@ -750,10 +789,45 @@ int shl_attach(shl_lock *h)
 
 /* ------------------------------------------------------------- scanning */
 
+/*
+ * How many slots a scan must look at: the slots' high-water mark, so that
+ * an exclusive acquire costs what the processes ever attached cost, not
+ * max_processes.  The mark is shared memory, so it is clamped to the
+ * validated private max (a corrupt large value costs a full scan, never an
+ * out-of-bounds index).
+ *
+ * Why no announced reader is missed (the Dekker pair of the top comment,
+ * extended by one operation on each side).  A reader in slot i raised the
+ * mark to at least i + 1 (seq_cst, raise_slots_hwm) before its seq_cst
+ * increment of slot.readers or slot.rwait, in program order, so before it
+ * in the single total order S.  A scanner loads the mark (seq_cst) after
+ * its own seq_cst operation on the state word (the claim CAS, the GRANTED
+ * CAS, or arming DRAINERS).  Take a reader that the scan must count: its
+ * seq_cst load of the state word did not see the scanner's operation (else
+ * it backs out or registers for a later phase, and need not be counted), so
+ * it precedes that operation in S.  Then
+ *   raise(i) <S increment <S reader's state load <S scanner's state op
+ *            <S scanner's mark load,
+ * and the mark never falls, so the scanner's load returns at least i + 1:
+ * slot i is scanned, and its load of slot.readers follows the increment in
+ * S, so it sees it.  A slot reused after a death or by a forked child is
+ * below the mark already (attach_slot raises it again, harmlessly).
+ * (Strictly, the raise need only precede the reader's look at the state;
+ * attach_slot puts it before anything the slot can hold.  The model has
+ * both steps, ATTACH_HWM and SCAN_HWM, and catches a raise after the look
+ * and a bound loaded before the claim.)
+ */
+static uint32_t scan_limit(shl_lock *h)
+{
+    uint32_t n = atomic_load_explicit(&h->hdr->slots_hwm, memory_order_seq_cst); /* [model:SCAN_HWM] */
+    return n < h->max ? n : h->max;
+}
+
 static uint64_t sum_readers(shl_lock *h)
 {
     uint64_t n = 0;
-    for (uint32_t i = 0; i < h->max; i++)
+    uint32_t lim = scan_limit(h);
+    for (uint32_t i = 0; i < lim; i++)
         n += atomic_load_explicit(&h->slots[i].readers, memory_order_seq_cst);
     return n;
 }
@@ -761,7 +835,8 @@ static uint64_t sum_readers(shl_lock *h)
 static uint64_t sum_owed(shl_lock *h, uint32_t parity)
 {
     uint64_t n = 0;
-    for (uint32_t i = 0; i < h->max; i++)
+    uint32_t lim = scan_limit(h);
+    for (uint32_t i = 0; i < lim; i++)
         n += atomic_load_explicit(&h->slots[i].rwait[parity], memory_order_seq_cst);
     return n;
 }
@@ -1124,7 +1199,13 @@ static int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
     int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_relaxed));
     if (o >= 0 && o != h->self && n < cap)
         watch[n++] = o;
-    for (uint32_t i = 0; i < h->max && n < cap; i++)
+    /* Slots at or above the high-water mark were never attached, so they
+     * have no owner to watch and no leftovers (a process that attaches
+     * after this scan is missed either way, as without the bound: the
+     * safety net covers it).  The owner slot above is watched whatever the
+     * mark says. */
+    uint32_t lim = scan_limit(h);
+    for (uint32_t i = 0; i < lim && n < cap; i++)
         if ((int32_t)i != h->self && (int32_t)i != o &&
             (atomic_load_explicit(&h->slots[i].pid, memory_order_relaxed) != 0 ||
              !slot_is_clean(&h->slots[i])))

@@ -503,3 +503,70 @@ def test_a_slow_open_does_not_hold_up_opens_of_other_names(lock_name):
         assert finished.is_set() and len(errors) == 1
     finally:
         os.unlink(path)
+
+
+# ------------------------- scans bounded by the slots' high-water mark
+
+def _own_slot(lk):
+    return next(p.slot for p in lk.info().processes if p.is_self)
+
+
+def occupy_slot(q, name, cmd):
+    lk = pyshmlock.RWLock(name)
+    q.put(_own_slot(lk))
+    cmd.get(timeout=30)
+    lk.close()
+    q.put("left")
+
+
+def hold_read_reporting_slot(q, name, cmd):
+    lk = pyshmlock.RWLock(name)
+    q.put(_own_slot(lk))
+    assert lk.acquire_read(5)
+    q.put("reading")
+    cmd.get(timeout=30)
+    lk.release_read()
+    q.put("released")
+    lk.close()
+
+
+def test_writer_waits_for_a_reader_in_a_high_slot_after_the_others_left(
+        lock, lock_name, children):
+    """Exclusive acquires scan only the slots ever attached (the high-water
+    mark).  A reader that attached late, in a high slot, while every process
+    below it has left since, is still waited for: by a writer that attached
+    before it (this process, slot 0) and by one that attached after the
+    others left (a low, reused slot)."""
+    occupiers = 12
+    cmds = [pyshmlock_queue() for _ in range(occupiers)]
+    occ = [children(occupy_slot, lock_name, c) for c in cmds]
+    slots = sorted(o.get(timeout=20) for o in occ)
+    rcmd = pyshmlock_queue()
+    r = children(hold_read_reporting_slot, lock_name, rcmd)
+    high = r.get(timeout=20)
+    assert high > max(slots), (high, slots)
+    r.expect("reading")
+    for c, o in zip(cmds, occ):
+        c.put("leave")
+    for o in occ:
+        o.expect("left", timeout=20)
+        assert o.join(20) == 0
+    # The reader is now the only other process, far above every other slot.
+    assert lock.is_locked()
+    assert not lock.acquire_write(0.2)
+    assert not lock.acquire_update(0.2)
+    w = children(take_write, lock_name, 0.3, 0)
+    w.expect("trying")
+    ok, _ = w.get(timeout=20)
+    assert not ok                    # a late writer in a low slot waits too
+    assert w.join(20) == 0
+    # Bounded wake: the writer gets in once the reader leaves.
+    w2 = children(take_write, lock_name, 20, 0)
+    w2.expect("trying")
+    rcmd.put("release")
+    r.expect("released")
+    ok, waited = w2.get(timeout=25)
+    assert ok
+    assert r.join(20) == 0 and w2.join(20) == 0
+    assert lock.acquire_write(5)
+    lock.release_write()

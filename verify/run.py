@@ -158,6 +158,13 @@ MUTANTS: Dict[str, Mutant] = {
                               "close() refuses only while the process holds the lock, as "
                               "before: it frees the slot under a call of another thread "
                               "(lost wake-up or orphaned claim: deadlock)"),
+    "HWM_LATE": Mutant(TWO,
+                       "the slots' high-water mark is raised only after the reader's "
+                       "first look at the state word: a writer's bounded scan misses "
+                       "an admitted reader"),
+    "HWM_STALE": Mutant(TWO,
+                        "the writer loads the slots' high-water mark before its claim, "
+                        "not after: a reader that attached in between is missed"),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "

@@ -80,6 +80,21 @@ int  st;                    /* the state word */
 bool seq_same[NP];
 byte readers[NP];           /* slot.readers */
 byte rwait[2 * NP];         /* slot.rwait[parity] at [2 * slot + parity] */
+/* The slots' high-water mark (header.slots_hwm): 1 + the highest slot index
+ * attached so far.  A process raises it as its first step (attach_slot);
+ * every scan loads it once and skips the slots at or above it. */
+byte hwm;
+/* attach_slot's fetch-max of the slots' high-water mark: one RMW */
+#define ATTACH_HWM() atomic { if :: hwm < me + 1 -> hwm = me + 1 :: else fi }
+/* scan_limit: one load of the mark, before the slot loads of a scan.  The
+ * stale-bound mutant keeps the value it loaded before its claim. */
+#ifndef MUTANT_HWM_STALE
+#define SCAN_BOUND() atomic { lim = hwm }
+#define SCAN_DONE()  lim = 0
+#else
+#define SCAN_BOUND() skip
+#define SCAN_DONE()  skip
+#endif
 
 /* Futexes: who sleeps on which word.  FUTEX_WAIT's "value still equal"
  * check and the going to sleep are one atomic step.  Index NP is the
@@ -225,6 +240,9 @@ inline probe_watched() {
 
 /* [model:DEATH_WATCH] watch every other process's robust mutex word
  * (collect_watch_set); `gone` if one already died: probe, do not sleep.
+ * As in C, only slots below the high-water mark are looked at, besides the
+ * slot the state word names as owner (a process that has not attached yet
+ * is not watched). 
  * With CLOSE, as in C: a free slot is watched only if it is dirty or
  * [model:WATCH_OWNER] the state word names it as owner, and its mutex word
  * (no owner) makes `gone` at once. */
@@ -240,7 +258,7 @@ inline watch_all_others() {
         watched = 0; gone = 0;
         for (k : 0 .. NP - 1) {
             if
-            :: k != me && WATCHES(k) -> watched = watched | (1 << k);
+            :: k != me && WATCHES(k) && (k < hwm || OWNER(st) == k + 1) -> watched = watched | (1 << k);
                           if :: owner_died[k] || freed[k] -> gone = 1 :: else fi
             :: else
             fi
@@ -401,6 +419,9 @@ inline acquire_read() {
            :: else -> admitted = 0
            fi
        }
+#ifdef MUTANT_HWM_LATE
+       ATTACH_HWM();   /* the bug: the slot is covered only after the reader looked */
+#endif
        if
        :: admitted ->
            admitted = 0; s = 0;
@@ -467,6 +488,9 @@ inline acquire_excl(kind) {
     claimed = 0; timed_out = 0; granted_now = 0;
     do
     :: !claimed ->
+#ifdef MUTANT_HWM_STALE
+        atomic { lim = hwm };   /* the bug: the bound is loaded before the claim */
+#endif
         atomic {   /* [model:EXCL_CLAIM] load + CAS, retried: one step when it succeeds */
             s = st;
             if
@@ -498,12 +522,17 @@ inline acquire_excl(kind) {
         assert(OWNER(s) == me + 1);          /* nobody clears a live claim */
         if
         :: !(s & GRANTED) ->
-            /* [model:DRAIN_OWED_SCAN] one load per slot */
+            /* [model:SCAN_HWM] the scan's bound, loaded after the claim */
+            SCAN_BOUND();
+            /* [model:DRAIN_OWED_SCAN] one load per slot below the bound */
             owed = 0;
             for (k : 0 .. NP - 1) {
-                atomic { owed = owed + rwait[2 * k + (claim_epoch + 1) % 2] }
+                if
+                :: k < lim -> atomic { owed = owed + rwait[2 * k + (claim_epoch + 1) % 2] }
+                :: else
+                fi
             }
-            k = 0;
+            k = 0; SCAN_DONE();
             if
 #ifndef MUTANT_NO_OWED_WAIT
             :: !(s & PAUSED) && owed > 0 -> owed = 0; goto excl_wait
@@ -534,12 +563,17 @@ inline acquire_excl(kind) {
             skip
         :: else
         fi;
-        /* [model:DRAIN_READER_SCAN] one load per slot */
+        /* [model:SCAN_HWM] the bound again, loaded after GRANTED is set */
+        SCAN_BOUND();
+        /* [model:DRAIN_READER_SCAN] one load per slot below the bound */
         nread = 0;
         for (k : 0 .. NP - 1) {
-            atomic { nread = nread + readers[k] }
+            if
+            :: k < lim -> atomic { nread = nread + readers[k] }
+            :: else
+            fi
         }
-        k = 0;
+        k = 0; SCAN_DONE();
         if
         :: (kind == KIND_UPDATE && (s & PAUSED)) || nread == 0 -> nread = 0; goto excl_granted
         :: else -> nread = 0
@@ -636,16 +670,22 @@ inline resume() {
 
 /* ------------------------------------------------------------ processes */
 
+
 #define RESET_LOCALS \
     kind = 0; s = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0; old_epoch = 0; \
     claim_epoch = 0; watched = 0; got = 0; timed_out = 0; gone = 0; changed = 0; admitted = 0; \
-    was_last = 0; cas_ok = 0; i = 0; k = 0
+    was_last = 0; cas_ok = 0; i = 0; k = 0; lim = 0
 
 /* every local of a user process but `me`: once it is dead or done */
 #define FORGET_ALL n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS
 
 inline user_ops() {
     n = 0;
+#ifndef MUTANT_HWM_LATE
+    /* [model:ATTACH_HWM] attach_slot raises the mark before the slot can
+     * hold any registration (before the first operation) */
+    ATTACH_HWM();
+#endif
     do
     :: n < OPS_OF(me) ->
         parked();   /* between two operations: nothing in flight */
@@ -706,7 +746,7 @@ inline die() {
 
 proctype user(byte me) {
     int s, armed;
-    byte i, k, got, watched, owed, nread, n, kind;
+    byte i, k, got, watched, owed, nread, n, kind, lim;
     byte registered;        /* bit p: counted in rwait[2 * me + p] */
     bool changed, timed_out, admitted, was_last, claimed, granted_now, cas_ok;
     bool cleared, gone;
