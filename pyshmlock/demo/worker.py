@@ -169,11 +169,15 @@ class WorkerCore:
         """One request: a read hold for its whole life.  The reply carries
         when the hold was had and given back (CLOCK_MONOTONIC, which every
         process on the host shares)."""
+        # Both stamps are taken while the hold is held: "released" is the
+        # last moment before it is given back, so an update that starts
+        # after the release is never stamped as starting before it.
         if self.backend == "shared":
             assert self.alock is not None
             async with self.alock.reader_lock:
                 admitted_at = time.monotonic()
                 r = await self._run(max_tokens)
+                released_at = time.monotonic()
         else:
             async with self.is_pause_cond:
                 await self.is_pause_cond.wait_for(lambda: not self.is_pause)
@@ -181,7 +185,8 @@ class WorkerCore:
                                 self.model_update_lock.release_reader):
                 admitted_at = time.monotonic()
                 r = await self._run(max_tokens)
-        r.update(admitted_at=admitted_at, released_at=time.monotonic())
+                released_at = time.monotonic()
+        r.update(admitted_at=admitted_at, released_at=released_at)
         return r
 
     async def _run(self, max_tokens: int) -> Dict[str, Any]:
