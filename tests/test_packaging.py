@@ -110,9 +110,10 @@ def test_sdist_carries_tests_docs_model_and_passes_its_tests(dist, tmp_path):
     py = _venv(tmp_path / "venv")
     _run([py, "-m", "pip", "install", "-q", f"{sdist}", "pytest", "pytest-timeout",
           "hypothesis"], cwd=str(tmp_path))
-    # Its own tests, run from the unpacked sdist against the installed package
-    # (the sdist's pyshmlock/ has no compiled core, so the import must come
-    # from site-packages: run with the tests directory only on the path).
+    # Its own tests, run from the unpacked sdist against the installed package.
+    # The sdist's pyshmlock/ has no compiled core, so the import must come
+    # from site-packages: pytest puts only tests/ on the path (for conftest),
+    # and the working directory is outside the tree.
     _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tree),
-          "-o", "addopts=", "--import-mode=importlib", str(tree / "tests" / "test_semantics.py")],
+          "-o", "addopts=", str(tree / "tests" / "test_semantics.py")],
          cwd=str(tmp_path), timeout=300)
