@@ -14,9 +14,9 @@ import os
 import uuid
 
 import pytest
+from conftest import PAIRS_PER_ASYNC_CALL
 
 import pyshmlock
-from conftest import PAIRS_PER_ASYNC_CALL
 from pyshmlock._floors import FloorUnavailable, capi_floor, cffi_floor
 
 

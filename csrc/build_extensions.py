@@ -85,6 +85,7 @@ def fast_extension(absolute_paths=False):
 def build_fast(outdir):
     """Compile pyshmlock._fast into OUTDIR/pyshmlock (what setup.py does)."""
     import tempfile
+
     from setuptools import Distribution
     dist = Distribution({"name": "pyshmlock", "ext_modules": [fast_extension(True)]})
     cmd = dist.get_command_obj("build_ext")

@@ -5,9 +5,9 @@ shared memory, so all of them see one global "paused" and one reader/writer
 lock, changed atomically.  See README.md for a tour and docs/DESIGN.md for
 the protocol.
 """
-from importlib import metadata as _metadata
 import platform as _platform
 import sys as _sys
+from importlib import metadata as _metadata
 
 if not _sys.platform.startswith("linux"):
     raise ImportError(
@@ -18,7 +18,8 @@ if _platform.machine() not in ("x86_64", "aarch64", "arm64"):
         f"pyshmlock supports Linux on x86-64 and arm64; this machine is "
         f"{_platform.machine()!r}")
 
-from .errors import (  # noqa: E402
+from .aio import AsyncHold, AsyncRWLock
+from .errors import (
     CorruptSegmentError,
     ForeignSegmentError,
     LayoutVersionError,
@@ -32,9 +33,7 @@ from .errors import (  # noqa: E402
     UninitializedSegmentError,
     WouldDeadlockError,
 )
-from .lock import (AttachedProcess, LockInfo, Recovery, RWLock, SyncHold,  # noqa: E402
-                   inspect, unlink)
-from .aio import AsyncHold, AsyncRWLock  # noqa: E402
+from .lock import AttachedProcess, LockInfo, Recovery, RWLock, SyncHold, inspect, unlink
 
 # One version, written once (pyproject.toml), read back from the installed
 # metadata.  A checkout that was never installed says so.
@@ -44,10 +43,25 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0+unknown"
 
 __all__ = [
-    "RWLock", "AsyncRWLock", "SyncHold", "AsyncHold", "LockInfo", "Recovery",
-    "AttachedProcess", "unlink", "inspect",
-    "PyshmlockError", "SegmentError", "ForeignSegmentError", "LayoutVersionError",
-    "CorruptSegmentError", "SegmentSizeError", "UninitializedSegmentError",
-    "TooManyProcessesError", "NotHeldError", "WouldDeadlockError", "LockInUseError",
+    "AsyncHold",
+    "AsyncRWLock",
+    "AttachedProcess",
+    "CorruptSegmentError",
+    "ForeignSegmentError",
+    "LayoutVersionError",
+    "LockInUseError",
+    "LockInfo",
+    "NotHeldError",
+    "PyshmlockError",
+    "RWLock",
+    "Recovery",
+    "SegmentError",
+    "SegmentSizeError",
+    "SyncHold",
+    "TooManyProcessesError",
     "TooManyReadHoldsError",
+    "UninitializedSegmentError",
+    "WouldDeadlockError",
+    "inspect",
+    "unlink",
 ]

@@ -14,7 +14,7 @@ def check_name(name: Any) -> str:
     return name
 
 
-def check_group(group: Union[None, int, str]) -> int:
+def check_group(group: Union[int, str, None]) -> int:
     """The gid for the ``group`` argument (-1 for None), else ValueError."""
     if group is None:
         return -1

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 
-_loaded: Dict[str, Any] = {}
+_loaded: Dict[str, ModuleType] = {}
 
 
 class FloorUnavailable(ImportError):

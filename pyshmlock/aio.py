@@ -33,13 +33,13 @@ from .errors import LockInUseError, error_for
 from .holds import CALL_NAMES, HOLD_KINDS, hold_repr, hold_would_wait, own_holds
 from .lock import RWLock, _Attached, _reopen, no_plain_with
 
-__all__ = ["AsyncRWLock", "AsyncHold", "async_acquire"]
+__all__ = ["AsyncHold", "AsyncRWLock", "async_acquire"]
 
 _try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
 
 
 class _Parked:
-    __slots__ = ("loop", "future", "waiter", "gen", "lw")
+    __slots__ = ("future", "gen", "loop", "lw", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, future: "asyncio.Future[None]",
                  waiter: Any) -> None:
@@ -62,7 +62,7 @@ class _LoopWake:
     Kept as long as the loop object lives, so that parking again costs no
     system call.  Holds no reference to its loop (the helper keys it weakly
     by loop).  fd is -1 once closed; only the helper's mu changes it."""
-    __slots__ = ("fd", "parked", "__weakref__")
+    __slots__ = ("__weakref__", "fd", "parked")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -85,7 +85,7 @@ class _Helper:
         self.pid = os.getpid()
         self.mu = threading.Lock()
         self.closed = False
-        self.loops: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake]" = \
+        self.loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake] = \
             weakref.WeakKeyDictionary()
         self.watcher = lib.shl_watcher_new(handle)
         if self.watcher == ffi.NULL:
@@ -319,7 +319,7 @@ async def _park(lock: RWLock, loop: asyncio.AbstractEventLoop, w: Any,
     """Sleep until the watcher sees attempt w's word change, or `remaining`
     seconds pass; returns at once if the word changed already."""
     helper = _helper_for(lock)
-    fut: "asyncio.Future[None]" = loop.create_future()
+    fut: asyncio.Future[None] = loop.create_future()
     parked = _Parked(loop, fut, w)
     if not helper.park(parked):
         return          # its word changed already: retry at once
@@ -357,7 +357,7 @@ class AsyncHold:
     TypeError: it would block the event loop.
     """
 
-    __slots__ = ("lock", "kind", "timeout", "_code", "_c_release", "_what", "__weakref__")
+    __slots__ = ("__weakref__", "_c_release", "_code", "_what", "kind", "lock", "timeout")
 
     def __init__(self, lock: RWLock, code: int, timeout: Optional[float]) -> None:
         self.lock = lock

@@ -21,12 +21,11 @@ never clears a pause implicitly.
 import argparse
 import datetime
 import json
+import math
 import os
 import sys
 import time
-from typing import List, Optional
-
-import math
+from typing import List, Optional, Tuple
 
 from .errors import LockInUseError, PyshmlockError, UninitializedSegmentError
 from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, inspect, unlink
@@ -127,7 +126,7 @@ def format_status(info: LockInfo) -> str:
         lines.append("  paused        no")
     if info.writer_pid or info.updater_pid:
         kind = "write" if info.writer_pid else "update"
-        pid = info.writer_pid or info.updater_pid
+        pid = info.writer_pid or info.updater_pid or 0
         n = sum(info.readers.values())
         state = ("held" if info.exclusive_granted else
                  f"claimed, waiting for {n} reader{'' if n == 1 else 's'}" if n else
@@ -206,7 +205,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _segment_id(name: str) -> Optional[tuple]:
+def _segment_id(name: str) -> Optional[Tuple[int, int]]:
     try:
         st = os.stat(os.path.join(SHM_DIR, SHM_PREFIX + name))
     except FileNotFoundError:
@@ -221,9 +220,11 @@ def cmd_watch(args: argparse.Namespace) -> int:
         for _ in range(args.count) if args.count else iter(int, 1):
             # The segment watched is the one present at the start: a removed
             # (or removed and re-created) lock ends the watch.
-            if _segment_id(args.name) != first:
+            now = _segment_id(args.name)
+            if now != first:
+                anew = now is not None
                 raise _Fail(f"lock {args.name!r} was removed"
-                            f"{' (a new lock of that name exists now)' if _segment_id(args.name) else ''}")
+                            f"{' (a new lock of that name exists now)' if anew else ''}")
             try:
                 text = format_status(inspect(args.name))
             except FileNotFoundError:

@@ -109,11 +109,11 @@ class SyncHold(_fastpath.Hold):
     @property
     def timeout(self) -> Optional[float]:
         """The timeout of ``with hold:`` (None: wait forever)."""
-        return self._timeout  # type: ignore[no-any-return]
+        return self._timeout
 
     @property
     def _code(self) -> int:
-        return self._kind  # type: ignore[no-any-return]
+        return self._kind
 
     @property
     def _what(self) -> str:

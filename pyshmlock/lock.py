@@ -192,7 +192,7 @@ class RWLock(_fastpath.Lock):
     update_lock: SyncHold
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
-                 max_processes: int = 256, group: Union[None, int, str] = None,
+                 max_processes: int = 256, group: Union[int, str, None] = None,
                  stale: str = "reset") -> None:
         check_name(name)
         gid = check_group(group)

@@ -17,11 +17,22 @@ nothing (see :func:`pyshmlock.lock.inspect`), so a scraper never takes a
 process slot and never shows up among the lock's processes.
 """
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+)
 
 from .lock import LockInfo
 
-__all__ = ["METRICS", "Metric", "samples", "exposition", "LockCollector"]
+__all__ = ["METRICS", "LockCollector", "Metric", "exposition", "samples"]
 
 
 class Metric(NamedTuple):
@@ -130,9 +141,9 @@ class LockCollector:
                 continue
         return infos
 
-    def collect(self) -> Iterator[object]:
+    def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-        families: Dict[str, object] = {}
+        families: Dict[str, Any] = {}
         for s in samples(self._infos()):
             fam = families.get(s.metric.name)
             label_names = sorted(s.labels)
@@ -140,10 +151,10 @@ class LockCollector:
                 cls = CounterMetricFamily if s.metric.kind == "counter" else GaugeMetricFamily
                 fam = families[s.metric.name] = cls(s.metric.name, s.metric.help,
                                                     labels=label_names)
-            fam.add_metric([s.labels[k] for k in label_names], s.value)  # type: ignore[attr-defined]
+            fam.add_metric([s.labels[k] for k in label_names], s.value)
         yield from families.values()
 
-    def describe(self) -> Iterator[object]:
+    def describe(self) -> Iterator[Any]:
         """No families up front: prometheus_client then calls collect() on
         registration only to learn names, which costs one snapshot."""
         return iter(())

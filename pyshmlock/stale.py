@@ -14,7 +14,7 @@ def check_stale(stale: Any) -> str:
     """Return ``stale`` if it is a stale-segment policy, else raise ValueError."""
     if stale not in STALE_POLICIES:
         raise ValueError(f"stale must be one of {STALE_POLICIES}, not {stale!r}")
-    return stale
+    return str(stale)
 
 
 def _boot_time() -> float:

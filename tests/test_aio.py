@@ -6,9 +6,9 @@ import threading
 import time
 
 import pytest
+from conftest import FORK
 
 import pyshmlock
-from conftest import FORK
 
 pytestmark = pytest.mark.timeout(60)
 

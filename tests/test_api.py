@@ -2,8 +2,6 @@
 asyncio waiting behind this process's own holds, truthful status, pickling,
 scoping of the attachment, help text and repr (issues 12 and 13)."""
 import asyncio
-import gc
-import math
 import multiprocessing as mp
 import os
 import pickle

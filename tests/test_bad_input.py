@@ -4,9 +4,9 @@ import os
 import struct
 
 import pytest
+from conftest import SHM_DIR
 
 import pyshmlock
-from conftest import SHM_DIR
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,10 +8,10 @@ import time
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
+from conftest import unique_name
 
 import pyshmlock
 from pyshmlock import cli
-from conftest import unique_name
 
 pytestmark = pytest.mark.timeout(120)
 

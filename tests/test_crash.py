@@ -9,9 +9,9 @@ import threading
 import time
 
 import pytest
+from conftest import FORK, Child
 
 import pyshmlock
-from conftest import FORK, Child
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -180,7 +180,7 @@ def test_timeout_rule_is_deadline_ns(lock, timeout):
     try:
         deadline_ns(timeout)
         expected = None
-    except Exception as e:      # noqa: BLE001 - compare whatever it is
+    except Exception as e:
         expected = e
     for acquire, release in ((lock.acquire_read, lock.release_read),
                              (lock.acquire_write, lock.release_write)):

@@ -9,9 +9,9 @@ import sys
 import time
 
 import pytest
+from conftest import Child, unique_name
 
 import pyshmlock
-from conftest import Child, unique_name
 
 pytestmark = pytest.mark.timeout(120)
 

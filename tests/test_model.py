@@ -3,11 +3,11 @@
 Every attempt uses timeout=0 (try once), so the model decides exactly whether
 it succeeds."""
 import pytest
+from conftest import unique_name
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import pyshmlock
-from conftest import unique_name
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,9 +6,9 @@ import sys
 import time
 
 import pytest
+from conftest import unique_name
 
 import pyshmlock
-from conftest import unique_name
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,15 +1,14 @@
 """Regression tests for defects found by an outside review of the C core
 (csrc/shmlock.c, csrc/fastpath.c).  Each failed on the code before its fix."""
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 
-import pyshmlock
-from pyshmlock._shmlock import ffi, lib
-
 from conftest import unique_name
+
+import pyshmlock
+from pyshmlock._shmlock import lib
 
 # A hold object re-initialised (Hold.__init__) by another thread while its
 # __enter__ waits with the GIL released: the old lock may be freed then, and

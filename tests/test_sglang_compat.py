@@ -32,9 +32,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from sglang_adapter import SGLangShapedRWLock
 
 import pyshmlock
-from sglang_adapter import SGLangShapedRWLock
 
 SGLANG_VERSION = "0.5.23"
 CACHE = Path.home() / ".cache" / "pyshmlock-tests"

@@ -3,7 +3,6 @@ asserts the lock's invariants."""
 import time
 
 import pytest
-
 from checker import Checker, random_worker
 from conftest import FORK
 

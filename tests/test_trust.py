@@ -11,9 +11,9 @@ import threading
 import time
 
 import pytest
+from conftest import SHM_DIR, unique_name
 
 import pyshmlock
-from conftest import SHM_DIR, unique_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,7 +146,7 @@ def test_unlink_removes_only_the_segment_it_probed(lock_name, children):
         try:
             pyshmlock.unlink(lock_name)
             result["r"] = "removed"
-        except BaseException as e:   # noqa: B902 - reported below
+        except BaseException as e:
             result["r"] = e
 
     t = threading.Thread(target=run)

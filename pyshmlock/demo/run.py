@@ -13,10 +13,13 @@ from .cluster import BACKENDS, Cluster, _raise_stopped, wait_healthy
 Row = Tuple[str, str, str, bool, float]
 
 SCENARIOS: List[Tuple[str, str]] = [
-    ("concurrent /generate while paused", "none completes while paused; all complete after continue"),
-    ("pause to A, update to B, both orders + jitter", "no deadlock; update runs under the pause within 1 s"),
+    ("concurrent /generate while paused",
+     "none completes while paused; all complete after continue"),
+    ("pause to A, update to B, both orders + jitter",
+     "no deadlock; update runs under the pause within 1 s"),
     ("continue to C while B updates", "generation resumes only after the update ends"),
-    ("unpaused update, requests in flight everywhere", "waits for all of them; admits no new request meanwhile"),
+    ("unpaused update, requests in flight everywhere",
+     "waits for all of them; admits no new request meanwhile"),
     ("abort-mode pause", "returns only after every worker drained"),
     ("pause/continue cycles to random workers", "afterwards every worker serves"),
     ("worker started while paused", "sees the pause"),

@@ -4,7 +4,7 @@ hang is bounded by a timeout and reported as a failure."""
 import asyncio
 import random
 import time
-from typing import Any, Awaitable, Callable, Dict, List, Tuple
+from typing import Any, Awaitable, Callable, Coroutine, Dict, List, Tuple
 
 import httpx
 
@@ -33,13 +33,15 @@ class Client:
     async def generate(self, url: str, n: int, timeout: float = 30.0) -> Dict[str, Any]:
         return await self.post(url, "/generate", timeout=timeout, max_tokens=n)
 
-    def pause(self, url: str, mode: str = "in_place", timeout: float = 30.0) -> Awaitable[Any]:
+    def pause(self, url: str, mode: str = "in_place",
+              timeout: float = 30.0) -> Coroutine[Any, Any, Any]:
         return self.post(url, "/pause_generation", timeout=timeout, mode=mode)
 
     def resume(self, url: str, timeout: float = 30.0) -> Awaitable[Any]:
         return self.post(url, "/continue_generation", timeout=timeout)
 
-    def update(self, url: str, seconds: float, timeout: float = 30.0) -> Awaitable[Any]:
+    def update(self, url: str, seconds: float,
+               timeout: float = 30.0) -> Coroutine[Any, Any, Any]:
         return self.post(url, "/update_weights", timeout=timeout, seconds=seconds)
 
     async def recover(self) -> None:
@@ -209,7 +211,8 @@ async def many_pause_continue_cycles(c: Client, cycles: int, rng: random.Random)
             hung == 0 and serving == len(c.workers))
 
 
-async def worker_started_while_paused(c: Client, start_worker: Callable[[], Awaitable[str]]) -> Result:
+async def worker_started_while_paused(c: Client,
+                                      start_worker: Callable[[], Awaitable[str]]) -> Result:
     await c.pause(c.workers[0])
     url = await start_worker()
     health = await c.get(url, "/health")

@@ -106,6 +106,7 @@ class WorkerCore:
         self.inflight = 0
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.closing = threading.Event()
+        self._flag_tasks: set[asyncio.Future[None]] = set()
 
     # -- plumbing --------------------------------------------------------
 
@@ -142,7 +143,9 @@ class WorkerCore:
             q.put_nowait(msg)
 
     def _on_broadcast(self, msg: Any) -> None:
-        asyncio.ensure_future(self._apply_pause_flag(msg == "pause"))
+        task = asyncio.ensure_future(self._apply_pause_flag(msg == "pause"))
+        self._flag_tasks.add(task)                    # keep it alive until it ran
+        task.add_done_callback(self._flag_tasks.discard)
 
     async def _apply_pause_flag(self, paused: bool) -> None:
         async with self.is_pause_cond:

@@ -16,7 +16,7 @@ def _name(tag: str) -> str:
 
 def _pct(values: List[float], q: float) -> float:
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
 class _TempFile:

@@ -118,6 +118,7 @@ def _recovery_round(hold: Callable[[], Any], wait: Callable[[], Any]) -> float:
                 raise RuntimeError("waiter failed")
             time.sleep(0.05)          # let the waiter block
             t_kill = time.monotonic()
+            assert h.pid is not None
             os.kill(h.pid, signal.SIGKILL)
             return float(wq.get(timeout=40)) - t_kill
         finally:

@@ -24,7 +24,7 @@ def read_throughput(procs: List[int], seconds: float) -> Dict[str, Any]:
     """Read pairs per second across N processes, pyshmlock and flock."""
     rows: Dict[str, Any] = {}
     for factory in (_PyshmlockRW, _FlockRW):
-        rw, why = _make(factory)
+        rw, _why = _make(factory)
         if rw is None:
             continue
         for n in procs:

@@ -2,7 +2,8 @@
 call to the last one running."""
 import statistics
 import time
-from typing import Any, Callable, Dict, List
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional
 
 from ..lock import RWLock, unlink
 from ._common import CTX, _join_all, _make, _name, _pct
@@ -33,9 +34,22 @@ def _spin_until(cond: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def _gate_waiter(i: int, gate: _Gate, rounds: int, block: Callable[[], None]) -> None:
+def _round_is(gate: "_Gate", r: int) -> bool:
+    return bool(gate.round.value == r)
+
+
+def _all_ready(g: "_Gate", r: int, n: int) -> bool:
+    return all(g.ready[i] == r for i in range(n))
+
+
+def _all_woke(g: "_Gate", n: int) -> bool:
+    return all(g.woke[i] > 0 for i in range(n))
+
+
+def _gate_waiter(i: int, gate: _Gate, rounds: int,
+                 block: Callable[[], Optional[float]]) -> None:
     for r in range(rounds):
-        if not _spin_until(lambda: gate.round.value == r, 30):
+        if not _spin_until(partial(_round_is, gate, r), 30):
             return
         gate.ready[i] = r
         woke = block()      # a waiter may report its own wake-up time
@@ -52,9 +66,10 @@ class _PyshmlockGate:
     def arm(self) -> None:
         self.lock.pause()
 
-    def block(self) -> None:
+    def block(self) -> Optional[float]:
         self.lock.acquire_read()
         self.lock.release_read()
+        return None     # the harness stamps the wake-up itself
 
     def release(self, n: int) -> None:
         self.lock.resume()
@@ -91,8 +106,9 @@ class _EventGate:
     def arm(self) -> None:
         self.ev.clear()
 
-    def block(self) -> None:
+    def block(self) -> Optional[float]:
         self.ev.wait()
+        return None     # the harness stamps the wake-up itself
 
     def release(self, n: int) -> None:
         self.ev.set()
@@ -111,8 +127,9 @@ class _PosixSemGate:
     def arm(self) -> None:
         pass
 
-    def block(self) -> None:
+    def block(self) -> Optional[float]:
         self.sem.acquire()
+        return None     # the harness stamps the wake-up itself
 
     def release(self, n: int) -> None:
         for _ in range(n):
@@ -138,9 +155,10 @@ class _FutexGate:
     def arm(self) -> None:
         self.word[0] = 0
 
-    def block(self) -> None:
+    def block(self) -> Optional[float]:
         while self.word[0] == 0:
             self.lib.floor_futex_wait(self.word, 0, -1)
+        return None     # the harness stamps the wake-up itself
 
     def release(self, n: int) -> None:
         self.lib.floor_futex_store_wake_all(self.word, 1)
@@ -175,12 +193,12 @@ def pause_to_wake(counts: List[int], rounds: int) -> Dict[str, Any]:
                 for i in range(n):
                     g.woke[i] = 0.0
                 g.round.value = r
-                if not _spin_until(lambda: all(g.ready[i] == r for i in range(n)), 30):
+                if not _spin_until(partial(_all_ready, g, r, n), 30):
                     break
                 time.sleep(0.02 + 0.0005 * n)    # let every waiter reach its block
                 t0 = time.monotonic()
                 gate_impl.release(n)
-                if not _spin_until(lambda: all(g.woke[i] > 0 for i in range(n)), 30):
+                if not _spin_until(partial(_all_woke, g, n), 30):
                     break
                 lat.append(max(g.woke[i] for i in range(n)) - t0)
             gate_impl.arm()
