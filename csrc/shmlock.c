@@ -89,7 +89,7 @@
 /* ---------------------------------------------------------------- layout */
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
-#define SHL_LAYOUT  1u
+#define SHL_LAYOUT  2u
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
 #define ST_OWNER     0x00000FFFu
@@ -136,6 +136,13 @@ struct shl_header {
     _Atomic uint64_t paused_at_ns;
     _Atomic uint32_t recovery_count;
     struct shl_recovery_entry recoveries[SHL_RECOVERY_LOG];
+    /* Host lease (layout 2, used by the cluster agent): while nonzero, a
+     * CLOCK_MONOTONIC deadline that the agent renews.  Once it has passed,
+     * every attached process's keeper pauses the gate (fail closed), with
+     * the existing pause step.  0: no lease, the lock behaves as in layout 1. */
+    _Alignas(64) _Atomic int64_t lease_deadline_ns;
+    _Atomic uint32_t lease_pid;         /* who armed it (observability) */
+    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
 };
 
 struct shl_slot {
@@ -157,6 +164,7 @@ struct shl_lock {
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
+    struct shl_lock *lease_next;    /* the keeper's list of open handles (g_lease_mu) */
 };
 
 /* ------------------------------------------------------------ small tools */
@@ -228,6 +236,17 @@ static uint64_t k_req, k_done;
 static pthread_mutex_t *k_target;
 
 static _Atomic uint64_t g_fork_gen;
+
+/* Host lease watchdog (docs/DESIGN.md "Beyond one host").  Every open handle
+ * is on g_lease_list; the keeper wakes every LEASE_POLL_NS while some listed
+ * segment has a lease armed (LEASE_IDLE_NS otherwise, to notice one being
+ * armed) and pauses any segment whose lease deadline has passed.  Lock
+ * order: k_mu, then g_lease_mu; nobody takes k_mu while holding g_lease_mu. */
+#define LEASE_POLL_NS  (20LL * 1000 * 1000)
+#define LEASE_IDLE_NS  (250LL * 1000 * 1000)
+static pthread_mutex_t g_lease_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct shl_lock *g_lease_list;
+static int lease_sweep(void);
 static _Atomic int g_have_waitv = 1;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -235,9 +254,17 @@ static void *keeper_main(void *arg)
 {
     (void)arg;
     pthread_mutex_lock(&k_mu);
+    int armed = lease_sweep();
+    int64_t next = mono_ns() + (armed ? LEASE_POLL_NS : LEASE_IDLE_NS);
     for (;;) {
-        while (k_done == k_req)
-            pthread_cond_wait(&k_cv, &k_mu);
+        while (k_done == k_req) {
+            struct timespec ts;
+            ns_to_timespec(next, &ts);
+            if (pthread_cond_timedwait(&k_cv, &k_mu, &ts) == ETIMEDOUT || mono_ns() >= next) {
+                armed = lease_sweep();
+                next = mono_ns() + (armed ? LEASE_POLL_NS : LEASE_IDLE_NS);
+            }
+        }
         int r;
         if (k_op == KEEP_TRYLOCK) {
             r = pthread_mutex_trylock(k_target);
@@ -263,7 +290,13 @@ static int keeper_call(int op, pthread_mutex_t *m)
     if (!k_started) {
         pthread_t t;
         pthread_attr_t attr;
+        pthread_condattr_t ca;
         sigset_t all, old;
+        /* The keeper's timed waits (lease polling) run on CLOCK_MONOTONIC. */
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&k_cv, &ca);
+        pthread_condattr_destroy(&ca);
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&attr, 64 * 1024);
@@ -305,6 +338,7 @@ static void after_fork_in_child(void)
     k_cv = fresh_cv;
     k_started = 0;
     k_req = k_done = 0;
+    g_lease_mu = fresh;     /* the parent's keeper may have held it */
     atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
 }
 
@@ -1160,6 +1194,82 @@ int shl_is_locked(shl_lock *h)
 
 /* ------------------------------------------------------------ open/close */
 
+/* ---------------------------------------------------------- host lease */
+
+/* Pause h's gate if its lease has passed.  Returns 1 when a lease is armed.
+ * This is only a use of the existing pause step (shl_pause, PAUSE_SET): a
+ * pause may be taken by any process at any moment, so admission, the model
+ * and the read fast path are unchanged. */
+static int lease_check(shl_lock *h)
+{
+    struct shl_header *hd = h->hdr;
+    /* relaxed: the deadline is a timer, not a synchronisation point; the
+     * pause itself is the seq_cst CAS in shl_pause. */
+    int64_t d = atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed);
+    if (d == 0)
+        return 0;
+    if (mono_ns() >= d && !(atomic_load_explicit(&hd->state, memory_order_relaxed) & ST_PAUSED)) {
+        if (shl_pause(h) == 1)
+            atomic_fetch_add_explicit(&hd->lease_expiries, 1, memory_order_relaxed);
+    }
+    return 1;
+}
+
+static int lease_sweep(void)
+{
+    int armed = 0;
+    pthread_mutex_lock(&g_lease_mu);
+    for (shl_lock *h = g_lease_list; h != NULL; h = h->lease_next)
+        armed |= lease_check(h);
+    pthread_mutex_unlock(&g_lease_mu);
+    return armed;
+}
+
+/* A process that opens a segment whose lease has already passed (its host's
+ * agent died with every process) pauses before it can admit anything. */
+static void lease_register(shl_lock *h)
+{
+    pthread_mutex_lock(&g_lease_mu);
+    lease_check(h);
+    h->lease_next = g_lease_list;
+    g_lease_list = h;
+    pthread_mutex_unlock(&g_lease_mu);
+}
+
+static void lease_unregister(shl_lock *h)
+{
+    pthread_mutex_lock(&g_lease_mu);
+    for (shl_lock **p = &g_lease_list; *p != NULL; p = &(*p)->lease_next) {
+        if (*p == h) {
+            *p = h->lease_next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_lease_mu);
+}
+
+int shl_lease_set(shl_lock *h, int64_t deadline_ns)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;
+    atomic_store_explicit(&h->hdr->lease_pid, deadline_ns ? (uint32_t)getpid() : 0,
+                          memory_order_relaxed);
+    /* seq_cst: a renewal is ordered before the agent's following resume. */
+    atomic_store_explicit(&h->hdr->lease_deadline_ns, deadline_ns, memory_order_seq_cst);
+    return SHL_OK;
+}
+
+int shl_lease_get(shl_lock *h, shl_lease_info *out)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;
+    out->deadline_ns = atomic_load_explicit(&h->hdr->lease_deadline_ns, memory_order_relaxed);
+    out->now_ns = mono_ns();
+    out->pid = atomic_load_explicit(&h->hdr->lease_pid, memory_order_relaxed);
+    out->expiries = atomic_load_explicit(&h->hdr->lease_expiries, memory_order_relaxed);
+    return SHL_OK;
+}
+
 static int valid_name(const char *name)
 {
     size_t n = strnlen(name, SHL_NAME_MAX + 1);
@@ -1347,6 +1457,7 @@ int shl_open(const char *name, int create, uint32_t mode, uint32_t max_processes
     *dev = (uint64_t)st.st_dev;
     *ino = (uint64_t)st.st_ino;
     *out = h;
+    lease_register(h);
     return SHL_OK;
 }
 
@@ -1364,6 +1475,7 @@ int shl_close(shl_lock *h)
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
         keeper_call(KEEP_UNLOCK, &me->owner);
     }
+    lease_unregister(h);
     munmap(h->hdr, h->map_size);
     free(h);
     return SHL_OK;

@@ -162,4 +162,16 @@ int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out);
 int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out);
 uint32_t shl_load_state(shl_lock *h);
 
+/* Host lease (cluster agent).  shl_lease_set arms (a CLOCK_MONOTONIC
+ * deadline in ns) or disarms (0) the segment's lease; once the deadline has
+ * passed, every attached process's keeper pauses the gate. */
+typedef struct shl_lease_info {
+    int64_t deadline_ns;         /* 0: no lease */
+    int64_t now_ns;              /* CLOCK_MONOTONIC when read */
+    uint32_t pid;                /* who armed it */
+    uint32_t expiries;           /* pauses made because it had passed */
+} shl_lease_info;
+int shl_lease_set(shl_lock *h, int64_t deadline_ns);
+int shl_lease_get(shl_lock *h, shl_lease_info *out);
+
 #endif
