@@ -24,7 +24,7 @@ except ImportError as e:   # pragma: no cover - the optional extra is missing
     raise ImportError("pyshmlock.cluster needs the 'cluster' extra: "
                       "pip install 'pyshmlock[cluster]'") from e
 
-__all__ = ["Store", "EtcdError", "b64", "unb64", "prefix_end"]
+__all__ = ["Store", "EtcdError", "LeaseNotFound", "b64", "unb64", "prefix_end"]
 
 
 class EtcdError(RuntimeError):
@@ -47,8 +47,14 @@ def prefix_end(prefix: str) -> str:
     return bytes(b).decode()
 
 
+# Unreachable member, no leader (503), timeout, internal error: try another
+# member.  Anything else (e.g. "requested lease not found") is an answer.
 _RETRYABLE = (_gwexc.ConnectionFailedError, _gwexc.ConnectionTimeoutError,
-              _gwexc.InternalServerError, _gwexc.Etcd3Exception)
+              _gwexc.InternalServerError)
+
+
+class LeaseNotFound(RuntimeError):
+    """etcd refused a request that names a lease it no longer has."""
 
 
 class Store:
@@ -81,9 +87,13 @@ class Store:
                 return c.post(c.get_url(path), json=body)
             except _RETRYABLE as e:
                 last = e
-                with self._mu:
-                    if self._cur == i:
-                        self._cur = (i + 1) % len(self._clients)
+            except _gwexc.Etcd3Exception as e:
+                if "lease not found" in str(e):
+                    raise LeaseNotFound(str(e)) from None
+                raise EtcdError(f"etcd refused {path}: {e}") from None
+            with self._mu:
+                if self._cur == i:
+                    self._cur = (i + 1) % len(self._clients)
             if time.monotonic() > give_up:
                 raise EtcdError(f"etcd unreachable at {','.join(self.endpoints)}: {last}")
             time.sleep(0.02)
