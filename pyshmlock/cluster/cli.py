@@ -50,6 +50,8 @@ def add_parsers(sub: Any) -> None:
         if name == "pause":
             s.add_argument("--drain", action="store_true",
                            help="also wait until no read is held on any host")
+        s.add_argument("--etcd-timeout", type=_timeout, default=10.0,
+                       help="give up on an unreachable etcd after S seconds (default 10)")
         s.add_argument("--json", action="store_true", help="machine-readable output")
         s.set_defaults(fn=cmd_cluster)
 
@@ -62,7 +64,7 @@ def cmd_agent(args: Any) -> int:
 def cmd_cluster(args: Any) -> int:
     from ._controller import Cluster, ClusterTimeout, EtcdError, FencingError
     try:
-        c = Cluster(args.etcd, args.name)
+        c = Cluster(args.etcd, args.name, op_timeout=args.etcd_timeout)
         if args.cluster_command == "pause":
             r = c.pause(timeout=args.timeout, drain=args.drain)
             out: Any = {"revision": r.revision, "acknowledged": r.acknowledged, "lost": r.lost,
@@ -82,7 +84,7 @@ def cmd_cluster(args: Any) -> int:
                      f"update lock: " + (f"held by {st.update.get('by')} token {st.update_token}"
                                          if st.update else "free")]
             for hid, reg in sorted(st.hosts.items()):
-                ok = reg.get("mirrored", -1) >= st.gate_rev
+                ok = reg.get("mirrored", -1) >= st.gate_revision
                 lines.append(f"  {hid:<24} mirrored {reg.get('mirrored')} "
                              f"{'(current)' if ok else '(behind)'} "
                              f"{'paused' if reg.get('paused') else 'open'}"
