@@ -37,6 +37,14 @@ def add_parsers(sub: Any) -> None:
                    help="lease seconds: a silent host pauses itself within it (default 2)")
     s.set_defaults(fn=cmd_agent)
 
+    s = sub.add_parser("cluster-demo", help="the cross-host races on a local 3-member etcd: "
+                                            "pyshmlock.cluster next to the HTTP fan-out")
+    s.add_argument("--hosts", type=int, default=3, choices=range(3, 9), metavar="N",
+                   help="simulated hosts, 3-8 (default 3)")
+    s.add_argument("--workers", type=int, default=2, choices=range(1, 9), metavar="N",
+                   help="worker processes per host, 1-8 (default 2)")
+    s.set_defaults(fn=cmd_cluster_demo)
+
     c = sub.add_parser("cluster", help="drive a cluster gate in etcd")
     csub = c.add_subparsers(dest="cluster_command", required=True)
     for name, hlp in (("pause", "pause every host; returns once each acknowledged or was lost"),
@@ -54,6 +62,11 @@ def add_parsers(sub: Any) -> None:
                        help="give up on an unreachable etcd after S seconds (default 10)")
         s.add_argument("--json", action="store_true", help="machine-readable output")
         s.set_defaults(fn=cmd_cluster)
+
+
+def cmd_cluster_demo(args: Any) -> int:
+    from .demo import run_cluster_demo
+    return EXIT_OK if run_cluster_demo(hosts=args.hosts, workers=args.workers) else EXIT_ERROR
 
 
 def cmd_agent(args: Any) -> int:

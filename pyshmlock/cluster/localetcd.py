@@ -18,6 +18,8 @@ import tempfile
 import time
 from typing import List, Optional
 
+from ._proc import spawn
+
 __all__ = ["LocalEtcd", "etcd_binary", "EtcdUnavailable"]
 
 
@@ -78,7 +80,7 @@ class LocalEtcd:
         peer = f"http://127.0.0.1:{self.peer_ports[i]}"
         log = open(os.path.join(self.dir, f"{self.names[i]}.log"), "ab")
         try:
-            self.procs[i] = subprocess.Popen(
+            self.procs[i] = spawn(
                 [self.binary, "--name", self.names[i],
                  "--data-dir", os.path.join(self.dir, self.names[i]),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
