@@ -146,6 +146,7 @@ class Host:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
+                print("DID NOT EXIT:", p.args, file=sys.stderr)
                 p.kill()
                 p.wait(5)
         try:

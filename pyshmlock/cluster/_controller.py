@@ -125,6 +125,14 @@ class Cluster:
     def _await_acks(self, rev: int, registered: Sequence[str], drain: bool,
                     deadline: Optional[float], t0: float) -> PauseResult:
         initial = set(registered)
+        watch = self.store.open_watch(self.keys.prefix, rev)
+        try:
+            return self._await_acks_watched(rev, initial, drain, deadline, t0, watch)
+        finally:
+            watch.close()
+
+    def _await_acks_watched(self, rev: int, initial: set, drain: bool,
+                            deadline: Optional[float], t0: float, watch: Any) -> PauseResult:
         while True:
             s = self._snap()
             if s.gate_rev > rev and not s.paused:
@@ -138,9 +146,12 @@ class Cluster:
             if not pending:
                 return PauseResult(rev, sorted(acked), sorted(initial - set(s.hosts)),
                                    drain, False, time.monotonic() - t0)
-            self._wait(s.revision, deadline,
-                       f"{'drained ' if drain else ''}acknowledgements from {sorted(pending)}",
-                       pending)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ClusterTimeout(
+                    f"cluster {self.name!r}: timed out waiting for "
+                    f"{'drained ' if drain else ''}acknowledgements from {sorted(pending)}",
+                    pending)
+            watch.wait(_left(deadline, 0.5), s.revision)
 
     def pause(self, timeout: Optional[float] = None, drain: bool = False) -> PauseResult:
         """Close the gate everywhere; return once every live registered host

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import queue
+import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -164,27 +165,106 @@ class Store:
             pass   # a lease that cannot be revoked expires on its own
 
     # --------------------------------------------------------------- watch
+    def open_watch(self, prefix: str, after_revision: int) -> "Watch":
+        """A watch stream on ``prefix`` from ``after_revision + 1`` that stays
+        open across waits (one HTTP stream instead of one per wait)."""
+        return Watch(self, prefix, after_revision)
+
     def wait_change(self, prefix: str, after_revision: int, timeout: float) -> bool:
         """Block until some key under ``prefix`` changes after ``after_revision``
         or ``timeout`` passes.  Returns True on a change.  A member that dies
         ends the wait early (the caller re-reads anyway)."""
         if timeout <= 0:
             return False
-        with self._mu:
-            c = self._clients[self._cur]
-        q: "queue.Queue[bool]" = queue.Queue()
+        w = Watch(self, prefix, after_revision)
         try:
-            w = etcd3gw.watch.Watcher(c, prefix, lambda ev: q.put(True),
-                                      start_revision=after_revision + 1,
-                                      range_end=prefix_end(prefix))
-        except Exception:
-            with self._mu:
-                self._cur = (self._cur + 1) % len(self._clients)
-            time.sleep(min(timeout, 0.05))
-            return False
-        try:
-            return q.get(timeout=timeout)
-        except queue.Empty:
-            return False
+            if w.resp is None:
+                time.sleep(min(timeout, 0.05))
+                return False
+            try:
+                w.q.get(timeout=timeout)
+                return True
+            except queue.Empty:
+                return False
         finally:
-            w.stop()
+            w.close()
+
+
+class Watch:
+    """One watch stream (etcd's /v3/watch through the gateway), read by a
+    daemon thread; every request on it has a connect and read timeout, so
+    neither the caller nor the thread can block forever on a dead member."""
+
+    def __init__(self, store: Store, prefix: str, after_revision: int) -> None:
+        self.store, self.prefix = store, prefix
+        self.q: "queue.Queue[int]" = queue.Queue()
+        self.resp: Any = None
+        self._open(after_revision)
+
+    def _open(self, after_revision: int) -> None:
+        with self.store._mu:
+            c = self.store._clients[self.store._cur]
+        body = {"create_request": {"key": b64(self.prefix),
+                                   "range_end": b64(prefix_end(self.prefix)),
+                                   "start_revision": str(after_revision + 1)}}
+        try:
+            self.resp = c.session.post(c.get_url("/watch"), json=body, stream=True,
+                                       timeout=(1.0, 5.0))
+            if self.resp.status_code != 200:
+                raise EtcdError(f"watch refused: {self.resp.status_code}")
+        except Exception:   # noqa: BLE001 - unreachable member: try the next one
+            self.close()
+            with self.store._mu:
+                self.store._cur = (self.store._cur + 1) % len(self.store._clients)
+            return
+        threading.Thread(target=self._pump, args=(self.resp, self.q), daemon=True,
+                         name="pyshmlock-etcd-watch").start()
+
+    @staticmethod
+    def _pump(resp: Any, q: "queue.Queue[int]") -> None:
+        try:
+            for line in resp.iter_lines():
+                if not line:
+                    continue
+                res = json.loads(line).get("result", {})
+                if res.get("events"):
+                    q.put(1)
+        except Exception:   # noqa: BLE001 - closed, or the member died: the waiter reopens
+            pass
+
+    def wait(self, timeout: float, after_revision: int) -> bool:
+        """True when an event came; on a quiet timeout the stream is reopened
+        from ``after_revision`` (it may have died with its member)."""
+        if self.resp is None:
+            self._open(after_revision)
+            if self.resp is None:
+                time.sleep(min(timeout, 0.05))
+                return False
+        try:
+            self.q.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            self._open(after_revision)
+            return False
+        while True:                       # take every event already queued
+            try:
+                self.q.get_nowait()
+            except queue.Empty:
+                return True
+
+    def close(self) -> None:
+        resp, self.resp = self.resp, None
+        if resp is None:
+            return
+        # Shut the socket down first: the pump thread is blocked reading it,
+        # and a plain close() would wait for that read to time out.
+        try:
+            s = socket.fromfd(resp.raw._fp.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+            s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        except Exception:   # noqa: BLE001
+            pass
+        try:
+            resp.close()
+        except Exception:   # noqa: BLE001
+            pass

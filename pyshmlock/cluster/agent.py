@@ -42,6 +42,10 @@ __all__ = ["Agent", "LOCAL_FRACTION"]
 LOCAL_FRACTION = 0.75
 
 
+class _Stop(BaseException):
+    """Raised in the main thread by SIGTERM/SIGINT/SIGHUP."""
+
+
 class Agent:
     def __init__(self, endpoints: Sequence[str] | str, cluster: str, lock: str, *,
                  host_id: Optional[str] = None, ttl: float = 2.0,
@@ -175,6 +179,7 @@ class Agent:
                               daemon=True)
         ka.start()
         rev = 0
+        watch = None
         try:
             while not self._stop.is_set():
                 try:
@@ -185,8 +190,14 @@ class Agent:
                     continue
                 if getattr(self, "_pending_drain", False):
                     continue
-                self.store.wait_change(self.keys.gate, rev, timeout=self.ttl / 4)
+                # One watch stream on the gate stays open across passes; a
+                # quiet TTL/4 (or a dead member) reopens it from `rev`.
+                if watch is None:
+                    watch = self.store.open_watch(self.keys.gate, rev)
+                watch.wait(self.ttl / 4, rev)
         finally:
+            if watch is not None:
+                watch.close()
             self._stop.set()
             self.close()
 
@@ -219,9 +230,25 @@ def main(args: Any) -> int:
         print(f"pyshmlock agent [{agent.host_id}]: {msg}", file=sys.stderr, flush=True)
 
     agent = Agent(args.etcd, args.cluster, args.lock, host_id=args.host_id, ttl=args.ttl, log=log)
+    fired = []
+
+    def on_signal(*_: Any) -> None:
+        # No lock may be taken here (the main thread may hold it): unwind
+        # the main thread instead; run()'s finally pauses, revokes, closes.
+        # If that clean exit stalls on etcd, SIGALRM's default action ends
+        # the process: the lock is paused and its lease stays expired.
+        if fired:
+            return
+        fired.append(1)
+        signal.alarm(3)
+        raise _Stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: agent.stop())
+        signal.signal(sig, on_signal)
     log(f"lock {args.lock!r} paused; mirroring cluster {args.cluster!r}")
-    agent.run()
+    try:
+        agent.run()
+    except _Stop:
+        pass
     log("stopped; the local gate stays paused")
     return 0
