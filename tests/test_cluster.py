@@ -431,3 +431,17 @@ def test_agent_exits_on_a_burst_of_signals(hosts):
     finally:
         lk.close()
     _wait_for(lambda: "h0" not in c.status().hosts, 5, "registration revoked at exit")
+
+
+def test_pause_during_unpaused_update_survives_its_release(etcd):
+    """As locally: an update taken on an open gate reopens it at release,
+    unless someone paused meanwhile; that pause stays."""
+    from pyshmlock.cluster import Cluster
+    c = Cluster(etcd.endpoints, f"pu-{uuid.uuid4().hex[:8]}", ttl=TTL)
+    with c.update(timeout=10):
+        pass
+    assert not c.status().paused                # nobody paused: open again
+    with c.update(timeout=10):
+        c.pause(timeout=10)                     # an operator pauses mid-update
+    st = c.status()
+    assert st.paused and st.update is None, st.gate

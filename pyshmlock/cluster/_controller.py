@@ -295,10 +295,16 @@ class ClusterUpdate:
             s = c._snap()
             was_paused = bool((s.update or {}).get("was_paused", True)) \
                 if s.update_token == self.token else True
-            ops = [st.op_delete(c.keys.update)]
             if not was_paused:
-                ops.append(st.op_put(c.keys.gate, c._gate_value(False, "resume")))
-            ok, _, _ = st.txn([st.cmp_create(c.keys.update, self.token)], ops)
+                # Reopen only if the gate is still the one this update wrote
+                # (gate.mod == token): a pause taken meanwhile stays, as locally.
+                ok, _, _ = st.txn([st.cmp_create(c.keys.update, self.token),
+                                   st.cmp_mod(c.keys.gate, self.token)],
+                                  [st.op_delete(c.keys.update),
+                                   st.op_put(c.keys.gate, c._gate_value(False, "resume"))])
+            if not ok:
+                ok, _, _ = st.txn([st.cmp_create(c.keys.update, self.token)],
+                                  [st.op_delete(c.keys.update)])
         st.lease_revoke(self.lease)
         if self.token and not ok and raise_fenced:
             raise FencingError(f"cluster {c.name!r}: update token {self.token} refused at "
