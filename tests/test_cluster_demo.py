@@ -24,7 +24,7 @@ def _leftovers(pid):
 
 def _etcd_of(_):
     """Running etcd processes with a pyshmlock test/demo data dir."""
-    out = subprocess.run(["pgrep", "-f", "data-dir /tmp/pyshmlock-etcd-"],
+    out = subprocess.run(["pgrep", "-f", "data-dir .*pyshmlock-etcd-"],
                          capture_output=True, text=True).stdout
     return out.split()
 

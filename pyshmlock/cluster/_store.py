@@ -96,7 +96,9 @@ class Store:
                 if self._cur == i:
                     self._cur = (i + 1) % len(self._clients)
             if time.monotonic() > give_up:
-                raise EtcdError(f"etcd unreachable at {','.join(self.endpoints)}: {last}")
+                raise EtcdError(f"etcd unreachable at {','.join(self.endpoints)} "
+                                f"after {time.monotonic() - give_up + (self.op_timeout if timeout is None else timeout):.1f} s: "
+                                f"{type(last).__name__} {last or ''}".rstrip())
             time.sleep(0.02)
 
     # ------------------------------------------------------------------ kv

@@ -27,7 +27,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from ..lock import RWLock
 from ._keys import Keys, read

@@ -94,7 +94,7 @@ def cmd_cluster(args: Any) -> int:
             lines = [f"cluster {args.name}: {'PAUSED' if st.paused else 'open'} "
                      f"(gate revision {st.gate_revision}, by {st.gate.get('by', '-')}, "
                      f"mode {st.gate.get('mode', '-')})",
-                     f"update lock: " + (f"held by {st.update.get('by')} token {st.update_token}"
+                     "update lock: " + (f"held by {st.update.get('by')} token {st.update_token}"
                                          if st.update else "free")]
             for hid, reg in sorted(st.hosts.items()):
                 ok = reg.get("mirrored", -1) >= st.gate_revision

@@ -13,7 +13,6 @@ SIGINT/SIGTERM/SIGHUP too, and children die with the demo (PDEATHSIG); no
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
