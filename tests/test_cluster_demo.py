@@ -2,6 +2,7 @@
 driven through pyshmlock.cluster and through the HTTP fan-out; it must pass,
 fit 100 columns and leave no process, etcd data dir or segment behind."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,15 @@ def _leftovers(pid):
     return segs, kids
 
 
+def _env(tmp_path):
+    """The demo's temp dirs (its own, and etcd's data) go under tmp_path."""
+    return dict(os.environ, TMPDIR=str(tmp_path))
+
+
+def _tmp_left(tmp_path):
+    return [f for f in os.listdir(tmp_path) if f.startswith("pyshmlock-")]
+
+
 def _etcd_of(_):
     """Running etcd processes with a pyshmlock test/demo data dir."""
     out = subprocess.run(["pgrep", "-f", "data-dir .*pyshmlock-etcd-"],
@@ -30,10 +40,11 @@ def _etcd_of(_):
 
 
 @pytest.mark.timeout(150)
-def test_cluster_demo_passes_and_cleans_up():
+def test_cluster_demo_passes_and_cleans_up(tmp_path):
     before = set(_etcd_of(0))
     p = subprocess.Popen([sys.executable, "-m", "pyshmlock", "cluster-demo"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_env(tmp_path))
     try:
         stdout, stderr = p.communicate(timeout=140)
     finally:
@@ -49,14 +60,16 @@ def test_cluster_demo_passes_and_cleans_up():
     segs, _ = _leftovers(p.pid)
     assert segs == []
     assert set(_etcd_of(0)) <= before
+    assert _tmp_left(tmp_path) == []
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_cluster_demo_signal_leaves_nothing(sig):
+def test_cluster_demo_signal_leaves_nothing(sig, tmp_path):
     before = set(_etcd_of(0))
     p = subprocess.Popen([sys.executable, "-m", "pyshmlock", "cluster-demo"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env=_env(tmp_path))
     try:
         line = ""
         give_up = time.monotonic() + 40
@@ -79,8 +92,13 @@ def test_cluster_demo_signal_leaves_nothing(sig):
             break
         assert time.monotonic() < give_up, f"left running: {mine} {etcds}"
         time.sleep(0.1)
-    if sig != signal.SIGKILL:      # SIGKILL: children die (PDEATHSIG); segments need a cleanup
+    if sig != signal.SIGKILL:
         assert _leftovers(p.pid)[0] == []
+        assert _tmp_left(tmp_path) == []
     else:
+        # SIGKILL runs no code: its children die with it (PDEATHSIG), but its
+        # segments and temp dirs stay; clean them up here.
         for f in _leftovers(p.pid)[0]:
             os.unlink(os.path.join("/dev/shm", f))
+        for f in _tmp_left(tmp_path):
+            shutil.rmtree(os.path.join(tmp_path, f), ignore_errors=True)
