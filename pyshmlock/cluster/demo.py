@@ -9,7 +9,8 @@ taking short read holds ("requests") and log them.  A scenario's verdict
 comes from those logs: FAIL when some host served a request during a
 weight update window.  Everything started is stopped by pid at the end, on
 SIGINT/SIGTERM/SIGHUP too, and children die with the demo (PDEATHSIG); no
-/dev/shm segment is left behind.
+/dev/shm segment is left behind.  (A SIGKILL of the demo runs no code: its
+processes still die, but its segments and temp dir stay.)
 """
 from __future__ import annotations
 
