@@ -54,8 +54,9 @@ def test_harness_survives_leader_kill(etcd):
 # --------------------------------------------------------------- simulated hosts
 import threading  # noqa: E402
 
-import pyshmlock  # noqa: E402
 from conftest import unique_name  # noqa: E402
+
+import pyshmlock  # noqa: E402
 
 TTL = 2.0
 SLACK = 0.6      # watchdog poll (20 ms) + scheduling on a shared 2-CPU machine
@@ -81,18 +82,19 @@ class Host:
         self.start_workers()
 
     def start_agent(self):
-        self.agent = subprocess.Popen(
-            [sys.executable, "-m", "pyshmlock", "agent", "--etcd", ",".join(self.etcd.endpoints),
-             "--cluster", self.cluster, "--lock", self.lock_name, "--host-id", self.id,
-             "--ttl", str(int(TTL))],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.tmp, f"{self.id}.agent.log"), "a"))
+        with open(os.path.join(self.tmp, f"{self.id}.agent.log"), "a") as err:
+            self.agent = subprocess.Popen(
+                [sys.executable, "-m", "pyshmlock", "agent", "--etcd",
+                 ",".join(self.etcd.endpoints), "--cluster", self.cluster, "--lock",
+                 self.lock_name, "--host-id", self.id, "--ttl", str(int(TTL))],
+                stdout=subprocess.DEVNULL, stderr=err)
         give_up = _now() + 10
         while not os.path.exists(f"/dev/shm/pyshmlock.{self.lock_name}"):
             assert _now() < give_up and self.agent.poll() is None, "agent did not create its lock"
             time.sleep(0.01)
 
     def start_workers(self):
-        for i in range(self.nworkers):
+        for _ in range(self.nworkers):
             log = os.path.join(self.tmp, f"{self.id}.w{len(self.logs)}.log")
             self.logs.append(log)
             self.workers.append(subprocess.Popen(
@@ -245,7 +247,7 @@ def test_pause_drain_waits_for_held_reads(hosts):
 
 def test_resume_waits_for_update_and_fencing(hosts, etcd):
     from pyshmlock.cluster import ClusterTimeout, FencingError
-    c, hs = hosts(2, workers=1)
+    c, _hs = hosts(2, workers=1)
     with c.update(timeout=15) as u:
         assert u.result.acknowledged == ["h0", "h1"] and u.token > 0
         with pytest.raises(ClusterTimeout):
@@ -268,8 +270,9 @@ def test_resume_waits_for_update_and_fencing(hosts, etcd):
 
 def test_async_cluster(hosts, etcd):
     import asyncio
+
     from pyshmlock.cluster import AsyncCluster
-    c, hs = hosts(1, workers=1)
+    c, _hs = hosts(1, workers=1)
 
     async def go():
         ac = AsyncCluster(etcd.endpoints, c.name, ttl=TTL)
@@ -339,7 +342,7 @@ def test_whole_host_killed_restarts_paused(hosts):
 
 @pytest.mark.parametrize("during", ["pause", "update"])
 def test_leader_killed_during_call(hosts, etcd, during):
-    c, hs = hosts(2, workers=1)
+    c, _hs = hosts(2, workers=1)
     leader = etcd.leader()
     box = {}
 
@@ -351,7 +354,7 @@ def test_leader_killed_during_call(hosts, etcd, during):
                 with c.update(timeout=30) as u:
                     box["r"] = u.result
                     time.sleep(0.3)
-        except BaseException as e:      # noqa: BLE001
+        except BaseException as e:
             box["e"] = e
 
     t = threading.Thread(target=call)
@@ -399,7 +402,7 @@ def test_racing_controllers_serialize(etcd):
                             inside.remove(k)
                 else:
                     c.resume(timeout=20)
-        except BaseException as e:   # noqa: BLE001
+        except BaseException as e:
             errors.append(repr(e))
 
     ts = [threading.Thread(target=controller, args=(k,)) for k in (0, 1)]

@@ -7,8 +7,16 @@ imported lazily, so ``pyshmlock --help`` works without the extra.
 """
 from typing import Any
 
-__all__ = ["Cluster", "AsyncCluster", "ClusterStatus", "ClusterTimeout", "FencingError",
-           "PauseResult", "EtcdError", "Agent"]
+__all__ = [
+    "Agent",
+    "AsyncCluster",
+    "Cluster",
+    "ClusterStatus",
+    "ClusterTimeout",
+    "EtcdError",
+    "FencingError",
+    "PauseResult",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,13 +16,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from ._keys import Keys, Snapshot, read
 from ._store import EtcdError, Store
 
-__all__ = ["Cluster", "AsyncCluster", "PauseResult", "ClusterStatus", "ClusterTimeout",
-           "FencingError", "EtcdError"]
+__all__ = [
+    "AsyncCluster",
+    "Cluster",
+    "ClusterStatus",
+    "ClusterTimeout",
+    "EtcdError",
+    "FencingError",
+    "PauseResult",
+]
 
 
 class ClusterTimeout(TimeoutError):
@@ -114,8 +121,9 @@ class Cluster:
             drain_now = drain or s.drain
             mode = "update" if s.update is not None else "pause"
             st = self.store
+            value = self._gate_value(True, mode, drain_now)
             ok, rev, _ = st.txn([st.cmp_mod(self.keys.gate, s.gate_rev)],
-                                [st.op_put(self.keys.gate, self._gate_value(True, mode, drain_now))])
+                                [st.op_put(self.keys.gate, value)])
             if ok:
                 s.gate_rev = rev
                 return s
@@ -131,14 +139,15 @@ class Cluster:
         finally:
             watch.close()
 
-    def _await_acks_watched(self, rev: int, initial: set, drain: bool,
+    def _await_acks_watched(self, rev: int, initial: Set[str], drain: bool,
                             deadline: Optional[float], t0: float, watch: Any) -> PauseResult:
         while True:
             s = self._snap()
             if s.gate_rev > rev and not s.paused:
                 return PauseResult(rev, [], sorted(initial - set(s.hosts)), False, True,
                                    time.monotonic() - t0)
-            acked, pending = [], []
+            acked: List[str] = []
+            pending: List[str] = []
             for hid, reg in s.hosts.items():
                 ok = int(reg.get("mirrored", -1)) >= rev and bool(reg.get("paused")) and \
                     (not drain or bool(reg.get("drained")))
@@ -187,7 +196,7 @@ class Cluster:
                 raise ClusterTimeout(f"cluster {self.name!r}: could not write the resume")
 
     # ----------------------------------------------------------- update
-    def update(self, timeout: Optional[float] = None) -> "ClusterUpdate":
+    def update(self, timeout: Optional[float] = None) -> ClusterUpdate:
         """``with cluster.update():`` hold the cluster update lock; the gate is
         paused and drained everywhere while it is held.  On exit the lock is
         released; the pause stays if the gate was paused before, as with a
@@ -206,7 +215,7 @@ class Cluster:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -248,7 +257,7 @@ class ClusterUpdate:
             raise FencingError(f"cluster {self.c.name!r}: update token {self.token} refused: "
                                f"the update lock was lost (current token {s.update_token})")
 
-    def __enter__(self) -> "ClusterUpdate":
+    def __enter__(self) -> ClusterUpdate:
         c, st = self.c, self.c.store
         t0 = time.monotonic()
         deadline = _deadline(self.timeout)
@@ -279,7 +288,8 @@ class ClusterUpdate:
             self._ka.start()
             self.result = c._await_acks(self.token, registered, True, deadline, t0)
             if self.result.superseded:
-                raise FencingError("the update's pause was superseded")   # cannot happen: resume waits
+                # cannot happen: resume waits
+                raise FencingError("the update's pause was superseded")
             return self
         except BaseException:
             self._release(raise_fenced=False)
@@ -326,15 +336,18 @@ class AsyncCluster:
             None, functools.partial(fn, *a, **kw))
 
     async def pause(self, timeout: Optional[float] = None, drain: bool = False) -> PauseResult:
-        return await self._run(self.sync.pause, timeout, drain)
+        r: PauseResult = await self._run(self.sync.pause, timeout, drain)
+        return r
 
     async def resume(self, timeout: Optional[float] = None) -> int:
-        return await self._run(self.sync.resume, timeout)
+        rev: int = await self._run(self.sync.resume, timeout)
+        return rev
 
     async def status(self) -> ClusterStatus:
-        return await self._run(self.sync.status)
+        st: ClusterStatus = await self._run(self.sync.status)
+        return st
 
-    def update(self, timeout: Optional[float] = None) -> "AsyncClusterUpdate":
+    def update(self, timeout: Optional[float] = None) -> AsyncClusterUpdate:
         return AsyncClusterUpdate(self, timeout)
 
 
@@ -350,7 +363,7 @@ class AsyncClusterUpdate:
     async def check(self) -> None:
         await self.ac._run(self.u.check)
 
-    async def __aenter__(self) -> "AsyncClusterUpdate":
+    async def __aenter__(self) -> AsyncClusterUpdate:
         await self.ac._run(self.u.__enter__)
         return self
 

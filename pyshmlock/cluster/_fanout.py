@@ -14,11 +14,12 @@ import signal
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List
 
 from ..lock import RWLock, unlink
 
 
-def main(argv: list) -> int:
+def main(argv: List[str]) -> int:
     name, portfile = argv[0], argv[1]
     try:
         unlink(name, force=True)            # a restarted server starts afresh
@@ -30,7 +31,7 @@ def main(argv: list) -> int:
         def log_message(self, *a: object) -> None:
             pass
 
-        def _reply(self, body: dict) -> None:
+        def _reply(self, body: Dict[str, Any]) -> None:
             data = json.dumps(body).encode()
             self.send_response(200)
             self.send_header("content-type", "application/json")
@@ -58,7 +59,7 @@ def main(argv: list) -> int:
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     srv.daemon_threads = True
-    srv.handle_error = lambda *a: None      # a client that gave up: nothing to report
+    srv.handle_error = lambda *a: None  # type: ignore[method-assign]  # a client that gave up
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=srv.shutdown).start())
     tmp = portfile + ".tmp"
     with open(tmp, "w") as f:

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 from .._shmlock import ffi, lib
 from ..errors import error_for
 
-__all__ = ["lease_arm", "lease_disarm", "lease_info", "KEEPER_POLL_S"]
+__all__ = ["KEEPER_POLL_S", "lease_arm", "lease_disarm", "lease_info"]
 
 #: How often each attached process's watchdog checks an armed lease (C core;
 #: every 0.25 s while no open lock has a lease, never while none is open).

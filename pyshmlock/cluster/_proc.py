@@ -5,9 +5,10 @@ from __future__ import annotations
 import ctypes
 import signal
 import subprocess
-from typing import Any
+from typing import Any, Optional
 
 _PR_SET_PDEATHSIG = 1
+_libc: Optional[ctypes.CDLL]
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
 except OSError:   # pragma: no cover
@@ -19,5 +20,5 @@ def _die_with_parent() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def spawn(args: Any, **kw: Any) -> subprocess.Popen:
+def spawn(args: Any, **kw: Any) -> subprocess.Popen[Any]:
     return subprocess.Popen(args, preexec_fn=_die_with_parent, **kw)

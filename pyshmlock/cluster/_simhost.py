@@ -15,11 +15,12 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from typing import List
 
 from ..lock import RWLock
 
 
-def main(argv: list) -> int:
+def main(argv: List[str]) -> int:
     lock_name, log_path, hold = argv[0], argv[1], float(argv[2])
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

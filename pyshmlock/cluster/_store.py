@@ -25,7 +25,7 @@ except ImportError as e:   # pragma: no cover - the optional extra is missing
     raise ImportError("pyshmlock.cluster needs the 'cluster' extra: "
                       "pip install 'pyshmlock[cluster]'") from e
 
-__all__ = ["Store", "EtcdError", "LeaseNotFound", "b64", "unb64", "prefix_end"]
+__all__ = ["EtcdError", "LeaseNotFound", "Store", "b64", "prefix_end", "unb64"]
 
 
 class EtcdError(RuntimeError):
@@ -96,8 +96,10 @@ class Store:
                 if self._cur == i:
                     self._cur = (i + 1) % len(self._clients)
             if time.monotonic() > give_up:
+                waited = time.monotonic() - give_up + (
+                    self.op_timeout if timeout is None else timeout)
                 raise EtcdError(f"etcd unreachable at {','.join(self.endpoints)} "
-                                f"after {time.monotonic() - give_up + (self.op_timeout if timeout is None else timeout):.1f} s: "
+                                f"after {waited:.1f} s: "
                                 f"{type(last).__name__} {last or ''}".rstrip())
             time.sleep(0.02)
 
@@ -146,12 +148,12 @@ class Store:
         return {"request_delete_range": {"key": b64(key)}}
 
     def put(self, key: str, value: Any, lease: int = 0) -> int:
-        ok, rev, _ = self.txn([], [self.op_put(key, value, lease)])
+        _ok, rev, _ = self.txn([], [self.op_put(key, value, lease)])
         return rev
 
     # -------------------------------------------------------------- leases
     def lease_grant(self, ttl: float) -> int:
-        r = self._post("/lease/grant", {"TTL": str(max(1, int(round(ttl))))})
+        r = self._post("/lease/grant", {"TTL": str(max(1, round(ttl)))})
         return int(r["ID"])
 
     def lease_keepalive(self, lease: int, timeout: Optional[float] = None) -> int:
@@ -167,7 +169,7 @@ class Store:
             pass   # a lease that cannot be revoked expires on its own
 
     # --------------------------------------------------------------- watch
-    def open_watch(self, prefix: str, after_revision: int) -> "Watch":
+    def open_watch(self, prefix: str, after_revision: int) -> Watch:
         """A watch stream on ``prefix`` from ``after_revision + 1`` that stays
         open across waits (one HTTP stream instead of one per wait)."""
         return Watch(self, prefix, after_revision)
@@ -199,7 +201,7 @@ class Watch:
 
     def __init__(self, store: Store, prefix: str, after_revision: int) -> None:
         self.store, self.prefix = store, prefix
-        self.q: "queue.Queue[int]" = queue.Queue()
+        self.q: queue.Queue[int] = queue.Queue()
         self.resp: Any = None
         self._open(after_revision)
 
@@ -214,7 +216,7 @@ class Watch:
                                        timeout=(1.0, 5.0))
             if self.resp.status_code != 200:
                 raise EtcdError(f"watch refused: {self.resp.status_code}")
-        except Exception:   # noqa: BLE001 - unreachable member: try the next one
+        except Exception:
             self.close()
             with self.store._mu:
                 self.store._cur = (self.store._cur + 1) % len(self.store._clients)
@@ -223,7 +225,7 @@ class Watch:
                          name="pyshmlock-etcd-watch").start()
 
     @staticmethod
-    def _pump(resp: Any, q: "queue.Queue[int]") -> None:
+    def _pump(resp: Any, q: queue.Queue[int]) -> None:
         try:
             for line in resp.iter_lines():
                 if not line:
@@ -231,7 +233,7 @@ class Watch:
                 res = json.loads(line).get("result", {})
                 if res.get("events"):
                     q.put(1)
-        except Exception:   # noqa: BLE001 - closed, or the member died: the waiter reopens
+        except Exception:
             pass
 
     def wait(self, timeout: float, after_revision: int) -> bool:
@@ -264,9 +266,9 @@ class Watch:
             s = socket.fromfd(resp.raw._fp.fileno(), socket.AF_INET, socket.SOCK_STREAM)
             s.shutdown(socket.SHUT_RDWR)
             s.close()
-        except Exception:   # noqa: BLE001
+        except Exception:
             pass
         try:
             resp.close()
-        except Exception:   # noqa: BLE001
+        except Exception:
             pass

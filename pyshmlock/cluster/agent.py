@@ -27,14 +27,14 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from ..lock import RWLock
 from ._keys import Keys, read
 from ._lease import KEEPER_POLL_S, lease_arm, lease_info
 from ._store import EtcdError, LeaseNotFound, Store
 
-__all__ = ["Agent", "LOCAL_FRACTION"]
+__all__ = ["LOCAL_FRACTION", "Agent"]
 
 #: The local lease runs out this fraction of the etcd TTL after the last
 #: keep-alive was *sent*; etcd cannot expire the lease before a full TTL
@@ -56,7 +56,8 @@ class Agent:
         self.host_id = host_id or f"{socket.gethostname()}-{lock}"
         self.keys.host(self.host_id)          # validates the id
         self.ttl = float(ttl)
-        self.store = Store(endpoints, op_timeout=max(1.0, ttl / 2), request_timeout=max(0.5, ttl / 4))
+        self.store = Store(endpoints, op_timeout=max(1.0, ttl / 2),
+                           request_timeout=max(0.5, ttl / 4))
         self.lock_name = lock
         self.log = log or (lambda msg: None)
         self._stop = threading.Event()
@@ -109,7 +110,7 @@ class Agent:
                     self._lost("etcd says the lease expired")
             except EtcdError:
                 pass       # the local deadline runs out on its own
-            except Exception as e:   # noqa: BLE001 - keep the host fail-closed
+            except Exception as e:
                 self.log(f"keep-alive error: {e!r}")
 
     # ----------------------------------------------------------- mirror
@@ -220,7 +221,7 @@ class Agent:
             self.store.lease_revoke(lease)
         try:
             self.lock.close()
-        except Exception:   # noqa: BLE001 - holds of this process: leave it attached
+        except Exception:
             pass
 
 
@@ -232,7 +233,7 @@ def main(args: Any) -> int:
         print(f"pyshmlock agent [{agent.host_id}]: {msg}", file=sys.stderr, flush=True)
 
     agent = Agent(args.etcd, args.cluster, args.lock, host_id=args.host_id, ttl=args.ttl, log=log)
-    fired = []
+    fired: List[int] = []
 
     def on_signal(*_: Any) -> None:
         # No lock may be taken here (the main thread may hold it): unwind

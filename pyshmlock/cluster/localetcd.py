@@ -16,11 +16,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from ._proc import spawn
 
-__all__ = ["LocalEtcd", "etcd_binary", "EtcdUnavailable"]
+__all__ = ["EtcdUnavailable", "LocalEtcd", "etcd_binary"]
 
 
 class EtcdUnavailable(RuntimeError):
@@ -60,7 +60,7 @@ class LocalEtcd:
         self.client_ports = ports[:members]
         self.peer_ports = ports[members:]
         self.names = [f"m{i}" for i in range(members)]
-        self.procs: List[Optional[subprocess.Popen]] = [None] * members
+        self.procs: List[Optional[subprocess.Popen[Any]]] = [None] * members
         self._token = os.path.basename(self.dir)
         try:
             for i in range(members):
@@ -78,7 +78,7 @@ class LocalEtcd:
         cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
         client = f"http://127.0.0.1:{self.client_ports[i]}"
         peer = f"http://127.0.0.1:{self.peer_ports[i]}"
-        log = open(os.path.join(self.dir, f"{self.names[i]}.log"), "ab")
+        log = open(os.path.join(self.dir, f"{self.names[i]}.log"), "ab")  # noqa: SIM115 (closed below)
         try:
             self.procs[i] = spawn(
                 [self.binary, "--name", self.names[i],
@@ -95,13 +95,14 @@ class LocalEtcd:
         finally:
             log.close()
 
-    def _status(self, i: int, timeout: float = 1.0) -> Optional[dict]:
+    def _status(self, i: int, timeout: float = 1.0) -> Optional[Dict[str, Any]]:
         import requests
         try:
             r = requests.post(f"http://127.0.0.1:{self.client_ports[i]}/v3/maintenance/status",
                               json={}, timeout=timeout)
             if r.status_code == 200:
-                return r.json()
+                status: Dict[str, Any] = r.json()
+                return status
         except requests.RequestException:
             pass
         return None
@@ -161,7 +162,7 @@ class LocalEtcd:
             self.procs[i] = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalEtcd":
+    def __enter__(self) -> LocalEtcd:
         return self
 
     def __exit__(self, *exc: object) -> None:
