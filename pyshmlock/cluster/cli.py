@@ -46,7 +46,8 @@ def add_parsers(sub: Any) -> None:
     s.set_defaults(fn=cmd_cluster_demo)
 
     c = sub.add_parser("cluster", help="drive a cluster gate in etcd")
-    csub = c.add_subparsers(dest="cluster_command", required=True)
+    csub = c.add_subparsers(dest="cluster_command", required=True,
+                            help="pause, resume or status")
     for name, hlp in (("pause", "pause every host; returns once each acknowledged or was lost"),
                       ("resume", "open the gate once no cluster update holds it"),
                       ("status", "gate, update lock and host registrations")):
