@@ -76,6 +76,14 @@
  * still registered or claims, and a closed handle is never freed, so a
  * late call through a stale pointer gets SHL_ECLOSED.  A forked child
  * re-initialises every process-private mutex and in-flight count.
+ *
+ * Host lease (cluster agent; docs/DESIGN.md section 11).  A nonzero
+ * lease_deadline_ns at the end of the header is a CLOCK_MONOTONIC deadline
+ * the agent renews.  One lease watchdog thread per attached process walks
+ * g_handles (inside H_SWEEP, its own in-flight mark) and pauses, with the
+ * ordinary pause step, every segment whose deadline has passed; shl_open
+ * does the same check; the stale reset keeps a pause while a lease is armed.
+ * Admission and the read fast path never look at the lease.
  * ====================================================================== */
 #define _GNU_SOURCE
 #include "shmlock.h"
