@@ -87,6 +87,14 @@
  * still registered or claims, and a closed handle is never freed, so a
  * late call through a stale pointer gets SHL_ECLOSED.  A forked child
  * re-initialises every process-private mutex and in-flight count.
+ *
+ * Host lease (cluster agent; docs/DESIGN.md section 11).  A nonzero
+ * lease_deadline_ns at the end of the header is a CLOCK_MONOTONIC deadline
+ * the agent renews.  One lease watchdog thread per attached process walks
+ * g_handles (inside H_SWEEP, its own in-flight mark) and pauses, with the
+ * ordinary pause step, every segment whose deadline has passed; shl_open
+ * does the same check; the stale reset keeps a pause while a lease is armed.
+ * Admission and the read fast path never look at the lease.
  * ====================================================================== */
 #define _GNU_SOURCE
 #include "shmlock.h"
@@ -171,6 +179,13 @@ struct shl_header {
     _Atomic uint64_t paused_at_ns;
     _Atomic uint32_t recovery_count;
     struct shl_recovery_entry recoveries[SHL_RECOVERY_LOG];
+    /* Host lease (used by the cluster agent; kept at the end of the header).
+     * While nonzero, a CLOCK_MONOTONIC deadline that the agent renews.  Once
+     * it has passed, the lease watchdog of every attached process pauses the
+     * gate (fail closed) with the existing pause step.  0: no lease. */
+    _Alignas(64) _Atomic int64_t lease_deadline_ns;
+    _Atomic uint32_t lease_pid;         /* who armed it (observability) */
+    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
 };
 
 struct shl_slot {
@@ -199,7 +214,7 @@ struct shl_lock {
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
-    /* Calls inside the core on this handle (low 30 bits), H_CLOSING and
+    /* Calls inside the core on this handle (low 29 bits), H_SWEEP, H_CLOSING and
      * H_CLOSED.  See enter(): close() starts only by moving this word from
      * 0 to H_CLOSING. */
     _Atomic uint32_t inflight;
@@ -208,6 +223,7 @@ struct shl_lock {
 
 #define H_CLOSED  0x80000000u
 #define H_CLOSING 0x40000000u     /* close() is deciding; callers wait it out */
+#define H_SWEEP   0x20000000u     /* the lease watchdog is looking (see lease_sweep) */
 
 /* ------------------------------------------------------------ small tools */
 
@@ -498,6 +514,24 @@ static int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot)
     return found;
 }
 
+/* Host lease watchdog (docs/DESIGN.md, "Beyond one host"): one thread per
+ * process, started by the first attachment (open, or a forked child's
+ * re-attachment), signals blocked like the keepers.  It walks g_handles
+ * (skipping closed handles through the in-flight word, see lease_sweep) and
+ * pauses any segment whose host lease has passed.  Wake-ups: every
+ * LEASE_POLL_NS while some open segment has a lease armed, every
+ * LEASE_IDLE_NS while handles are open but none is armed (to notice one
+ * being armed), none while this process has no open handle.  g_wd_mu and
+ * g_wd_cv are process-private and reset in a forked child. */
+#define LEASE_POLL_NS  (20LL * 1000 * 1000)
+#define LEASE_IDLE_NS  (250LL * 1000 * 1000)
+static pthread_mutex_t g_wd_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_wd_cv;          /* CLOCK_MONOTONIC; set up by wd_start */
+static int g_wd_started;                /* under g_wd_mu; 0 again in a forked child */
+static uint64_t g_wd_gen;               /* under g_wd_mu; bumped by wd_kick */
+static int wd_start(void);
+static void wd_kick(void);
+
 /* The inode of this process's PID namespace, recorded in its slots so that
  * info() can tell two processes with the same pid apart.  0 if unknown. */
 static uint64_t self_pidns(void)
@@ -518,11 +552,13 @@ static void after_fork_in_child(void)
     k_mu = fresh;
     k_cv = fresh_cv;
     g_reattach_mu = fresh;
+    g_wd_mu = fresh;        /* the parent's watchdog may have held it */
+    g_wd_started = 0;       /* ... and is not here: the next attachment starts one */
     k_started = 0;
     k_req = k_done = 0;
-    /* The parent's threads that were inside a call do not exist here: their
-     * in-flight counts would make close() refuse forever.  Closed stays
-     * closed. */
+    /* The parent's threads that were inside a call (or sweeping: H_SWEEP)
+     * do not exist here: their in-flight counts would make close() refuse
+     * forever.  Closed stays closed. */
     for (shl_lock *x = atomic_load_explicit(&g_handles, memory_order_relaxed); x;
          x = x->next_handle)   /* (a close that was deciding: its thread is gone too) */
         atomic_store_explicit(&x->inflight,
@@ -771,7 +807,13 @@ static int ensure_attached(shl_lock *h)
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
         h->self = -1;
-        r = attach_slot(h);
+        /* An attached process always has a lease watchdog (a forked child
+         * gets its own here): no watchdog, no attachment. */
+        r = wd_start();
+        if (r == SHL_OK)
+            r = attach_slot(h);
+        if (r == SHL_OK)
+            wd_kick();   /* a child's inherited handles are already listed */
     }
     pthread_mutex_unlock(&g_reattach_mu);
     return r;
@@ -1576,6 +1618,156 @@ int shl_is_locked(shl_lock *h)
     return r;
 }
 
+/* ---------------------------------------------------------- host lease */
+
+/* Pause h's gate if its host lease has passed.  Returns 1 when a lease is
+ * armed.  The caller keeps the mapping alive (an in-flight count, H_SWEEP,
+ * or a handle not yet published by shl_open).  This is only a use of the
+ * existing pause step (do_pause, [model:PAUSE_SET]): a pause may be taken by
+ * any process at any moment, so admission, the model and the read fast path
+ * are unchanged. */
+static int lease_check(shl_lock *h)
+{
+    struct shl_header *hd = h->hdr;
+    /* relaxed: the deadline is a timer, not a synchronisation point; the
+     * pause itself is do_pause's seq_cst CAS.  Any value is harmless: the
+     * worst a corrupt deadline does is pause (or not pause) the gate, which
+     * every process that can write the segment may do anyway. */
+    int64_t d = atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed);
+    if (d == 0)
+        return 0;
+    if (mono_ns() >= d && !(atomic_load_explicit(&hd->state, memory_order_relaxed) & ST_PAUSED)) {
+        if (do_pause(h) == 1)
+            atomic_fetch_add_explicit(&hd->lease_expiries, 1, memory_order_relaxed);
+    }
+    return 1;
+}
+
+/*
+ * One sweep over every handle this process ever opened (g_handles: handles
+ * are never freed, so the walk is safe without a lock).  A handle is looked
+ * at only inside H_SWEEP, the watchdog's own in-flight mark, taken by the
+ * same kind of RMW as enter(): if the add finds H_CLOSED or H_CLOSING the
+ * handle is skipped (its segment is, or may soon be, unmapped); otherwise
+ * close()'s CAS from 0 fails until the mark is dropped, and close() waits
+ * for it (a few loads and at most one pause) instead of refusing, so a user
+ * close never fails because the watchdog happened to look.  acquire/release
+ * as for enter()/leave().  Sets *open to the number of open handles seen;
+ * returns 1 if some open segment has a lease armed.
+ */
+static int lease_sweep(int *open)
+{
+    int armed = 0;
+    *open = 0;
+    for (shl_lock *h = atomic_load_explicit(&g_handles, memory_order_acquire); h;
+         h = h->next_handle) {
+        uint32_t n = atomic_fetch_add_explicit(&h->inflight, H_SWEEP, memory_order_acquire);
+        if (!(n & (H_CLOSED | H_CLOSING))) {
+            (*open)++;
+            armed |= lease_check(h);
+        }
+        atomic_fetch_sub_explicit(&h->inflight, H_SWEEP, memory_order_release);
+    }
+    return armed;
+}
+
+static void *watchdog_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_wd_mu);
+    for (;;) {
+        uint64_t gen = g_wd_gen;
+        pthread_mutex_unlock(&g_wd_mu);
+        int open;
+        int armed = lease_sweep(&open);
+        int64_t next = mono_ns() + (armed ? LEASE_POLL_NS : LEASE_IDLE_NS);
+        struct timespec ts;
+        ns_to_timespec(next, &ts);
+        pthread_mutex_lock(&g_wd_mu);
+        /* Nothing open: sleep until an attachment kicks us (wd_kick bumps
+         * g_wd_gen after the handle is on g_handles, so a handle published
+         * after this sweep began is never missed). */
+        while (open == 0 && g_wd_gen == gen)
+            pthread_cond_wait(&g_wd_cv, &g_wd_mu);
+        if (open != 0)
+            while (g_wd_gen == gen && pthread_cond_timedwait(&g_wd_cv, &g_wd_mu, &ts) != ETIMEDOUT)
+                ;
+    }
+    return NULL;
+}
+
+/* Start this process's watchdog if it is not running.  SHL_OK or SHL_ESYS. */
+static int wd_start(void)
+{
+    int r = 0;
+    pthread_mutex_lock(&g_wd_mu);
+    if (!g_wd_started) {
+        pthread_condattr_t ca;
+        pthread_attr_t attr;
+        pthread_t t;
+        sigset_t all, old;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&g_wd_cv, &ca);
+        pthread_condattr_destroy(&ca);
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&attr, 64 * 1024);
+        /* Like a keeper, the watchdog never takes the application's signals. */
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
+        r = pthread_create(&t, &attr, watchdog_main, NULL);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        pthread_attr_destroy(&attr);
+        if (r == 0)
+            g_wd_started = 1;
+    }
+    pthread_mutex_unlock(&g_wd_mu);
+    if (r != 0) {
+        errno = r;
+        return SHL_ESYS;
+    }
+    return SHL_OK;
+}
+
+/* A handle was published or re-attached: sweep now (and leave an untimed
+ * sleep).  Cheap: called only on open and on a forked child's re-attach. */
+static void wd_kick(void)
+{
+    pthread_mutex_lock(&g_wd_mu);
+    g_wd_gen++;
+    if (g_wd_started)
+        pthread_cond_broadcast(&g_wd_cv);
+    pthread_mutex_unlock(&g_wd_mu);
+}
+
+int shl_lease_set(shl_lock *h, int64_t deadline_ns)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    atomic_store_explicit(&h->hdr->lease_pid, deadline_ns ? (uint32_t)getpid() : 0,
+                          memory_order_relaxed);
+    /* seq_cst: a renewal is ordered before the agent's following resume, so
+     * a watchdog that sees the resumed gate also sees the renewed deadline. */
+    atomic_store_explicit(&h->hdr->lease_deadline_ns, deadline_ns, memory_order_seq_cst);
+    leave(h);
+    return SHL_OK;
+}
+
+int shl_lease_get(shl_lock *h, shl_lease_info *out)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    out->deadline_ns = atomic_load_explicit(&h->hdr->lease_deadline_ns, memory_order_relaxed);
+    out->now_ns = mono_ns();
+    out->pid = atomic_load_explicit(&h->hdr->lease_pid, memory_order_relaxed);
+    out->expiries = atomic_load_explicit(&h->hdr->lease_expiries, memory_order_relaxed);
+    leave(h);
+    return SHL_OK;
+}
+
 /* ------------------------------------------------------------ open/close */
 
 static int valid_name(const char *name)
@@ -1818,12 +2010,17 @@ int shl_open(const char *name, int create, uint32_t mode, int64_t group,
         free(h);
         return r;
     }
-    /* Publish for after_fork_in_child; release: a forked child walks a
-     * fully written entry. */
+    /* A segment whose host lease has already passed (its host's agent died
+     * with every process) is paused before this open returns, so the caller
+     * can admit nothing.  The handle is not published yet: no enter(). */
+    lease_check(h);
+    /* Publish for after_fork_in_child and the watchdog; release: a forked
+     * child and the watchdog walk a fully written entry. */
     h->next_handle = atomic_load_explicit(&g_handles, memory_order_relaxed);
     while (!atomic_compare_exchange_weak_explicit(&g_handles, &h->next_handle, h,
                                                   memory_order_release, memory_order_relaxed)) {
     }
+    wd_kick();
     *out = h;
     return SHL_OK;
 }
@@ -1836,9 +2033,15 @@ int shl_close(shl_lock *h)
      * enter()).  acquire: every finished call's accesses to the mapping
      * happen before the checks and the munmap below. */
     uint32_t n = 0;
-    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
-                                                 memory_order_acquire, memory_order_relaxed))
-        return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
+    while (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
+                                                    memory_order_acquire, memory_order_relaxed)) {
+        if (n != H_SWEEP)
+            return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
+        /* Only the lease watchdog is looking (lease_sweep): it never waits
+         * for anything, so wait it out rather than refuse. */
+        sched_yield();
+        n = 0;
+    }
     int ours = h->self >= 0 &&
                atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                    atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
@@ -2150,6 +2353,14 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
          * pid store) is a fresh one. */
         if (atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed) != dead_pauser ||
             dead_pauser == 0)
+            return 0;
+        /* A segment with a host lease armed is under its cluster agent's
+         * control: a restarted host stays paused (fail closed) until its
+         * agent has mirrored the cluster, whoever paused it and whoever
+         * died.  relaxed: an agent that arms the lease later is attached
+         * and alive (the scan below sees it), and if a reset still wins a
+         * race with it, an expired lease is paused again by the watchdog. */
+        if (atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) != 0)
             return 0;
         /* Any other live process: not stale.  Probing reclaims dead slots
          * (their reads, owed registrations and claims), which changes the

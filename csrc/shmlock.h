@@ -258,4 +258,18 @@ int shl_observe_info(shl_observer *o, shl_snapshot *out);
 int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out);
 int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *out);
 
+/* Host lease (cluster agent).  shl_lease_set arms (a CLOCK_MONOTONIC
+ * deadline in ns) or disarms (0) the segment's lease.  Once the deadline has
+ * passed, the lease watchdog thread of every attached process pauses the
+ * gate (with the ordinary pause), an opener pauses before shl_open returns,
+ * and shl_reset_stale never clears a pause while a lease is armed. */
+typedef struct shl_lease_info {
+    int64_t deadline_ns;         /* 0: no lease */
+    int64_t now_ns;              /* CLOCK_MONOTONIC when read */
+    uint32_t pid;                /* who armed it */
+    uint32_t expiries;           /* pauses made because it had passed */
+} shl_lease_info;
+int shl_lease_set(shl_lock *h, int64_t deadline_ns);
+int shl_lease_get(shl_lock *h, shl_lease_info *out);
+
 #endif
