@@ -21,7 +21,11 @@ import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
-CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+# The floor sources: beside the package in a checkout (an editable install),
+# or wherever PYSHMLOCK_CSRC points (an installed package run from a checkout,
+# as CI's tests do).
+CSRC = os.environ.get("PYSHMLOCK_CSRC") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
 
 _loaded: Dict[str, ModuleType] = {}
 

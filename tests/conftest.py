@@ -12,6 +12,11 @@ import pyshmlock
 
 FORK = mp.get_context("fork")
 
+# The benchmark floors are compiled from the checkout's csrc/ even when the
+# package under test is installed (not editable), as in CI's fresh venv.
+os.environ.setdefault("PYSHMLOCK_CSRC", os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc"))
+
 # Import-path stand-ins for SGLang's own tests (see test_sglang_compat.py),
 # not tests: collecting them would put a fake ``sglang`` in sys.modules.
 collect_ignore = ["sglang_shim"]
