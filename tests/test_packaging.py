@@ -114,6 +114,8 @@ def test_sdist_carries_tests_docs_model_and_passes_its_tests(dist, tmp_path):
     # The sdist's pyshmlock/ has no compiled core, so the import must come
     # from site-packages: pytest puts only tests/ on the path (for conftest),
     # and the working directory is outside the tree.
+    # (The semantics suite, which exercises every call across processes; the
+    # whole suite runs from the checkout already.)
     _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tree),
           "-o", "addopts=", str(tree / "tests" / "test_semantics.py")],
          cwd=str(tmp_path), timeout=300)
