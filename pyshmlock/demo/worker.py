@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import json
 import queue
+import signal
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -470,3 +471,6 @@ def worker_main(index: int, name: str, backend: str, state: SharedState, sched_i
         shutting_down = stop is not None and stop.is_set()
         remove_locks_if_orphaned(name, parent_pid,
                                  ORPHAN_WAIT_S if terminated and not shutting_down else 0.0)
+        if terminated:      # then end as SIGTERM's default action would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
