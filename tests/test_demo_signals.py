@@ -94,3 +94,50 @@ def test_a_signal_to_the_demo_stops_every_child(sig, tmp_path):
                 os.unlink(os.path.join("/dev/shm", f))
         proc.stdout.close()
         err.close()
+
+
+def _started(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def test_the_locks_go_with_a_killed_demo_even_if_its_scheduler_is_stopped(tmp_path):
+    """The workers remove the locks too: cleanup after the main's death does
+    not wait for the scheduler (stopped here, as a starved one would be)."""
+    err = open(tmp_path / "stderr", "w+")
+    proc, name = _start_demo(err)
+    kids = []
+    try:
+        kids = sorted(_children(proc.pid), key=_started)
+        assert len(kids) >= 3, kids
+        sched = kids[0]                       # the demo starts it first
+        os.kill(sched, signal.SIGSTOP)
+        proc.kill()
+        assert proc.wait(30) == -signal.SIGKILL
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            workers_left = [k for k in kids[1:] if _running(k)]
+            shm = [f for f in os.listdir("/dev/shm") if name in f]
+            if not workers_left and not shm:
+                break
+            time.sleep(0.1)
+        assert not workers_left, workers_left
+        err.seek(0)
+        assert not shm, f"left in /dev/shm: {shm}; stderr: {err.read()}"
+        os.kill(sched, signal.SIGCONT)        # its SIGTERM is pending: it ends too
+        deadline = time.monotonic() + 20
+        while _running(sched) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(sched)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        for k in kids:
+            if _running(k):
+                os.kill(k, signal.SIGKILL)
+        for f in os.listdir("/dev/shm"):
+            if name in f:
+                os.unlink(os.path.join("/dev/shm", f))
+        proc.stdout.close()
+        err.close()

@@ -72,7 +72,7 @@ class Cluster:
             p = CTX.Process(target=worker_main, name=f"demo-worker-{i}", daemon=True,
                             args=(i, self.name, self.backend, self.state, self.sched_inbox,
                                   self.outboxes, self.controls, self.registered, self.sock,
-                                  self.port_q, self.go[i], os.getpid()))
+                                  self.port_q, self.go[i], os.getpid(), self.stop))
             p.start()
             self.procs.append(p)
         self.worker_urls = [self._go(i) for i in range(self.n)]

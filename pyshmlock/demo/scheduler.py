@@ -12,14 +12,20 @@ messages, as SGLang's scheduler does today.
 Each generation step runs under a read hold of the engine lock (see
 state.py), so a weight update can wait out a step in progress.
 """
-import os
 import queue
 import signal
 import time
 from typing import Any, Dict, List
 
-from ..lock import RWLock, unlink
-from .state import MODES, SharedState, die_with_parent, engine_lock_name
+from ..lock import RWLock
+from .state import (
+    MODES,
+    ORPHAN_WAIT_S,
+    SharedState,
+    die_with_parent,
+    engine_lock_name,
+    remove_locks_if_orphaned,
+)
 
 TICK_S = 0.01     # one token per running request every 10 ms
 
@@ -27,23 +33,21 @@ TICK_S = 0.01     # one token per running request every 10 ms
 def scheduler_main(name: str, backend: str, state: SharedState, inbox: Any,
                    outboxes: List[Any], stop: Any, parent_pid: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the demo's parent stops us
-    terminated = []
-    if parent_pid and not die_with_parent(parent_pid):
-        terminated.append(1)
+    terminated: List[int] = []
     # SIGTERM arrives when the main process died (die_with_parent): finish
     # the step, then remove the demo's locks, which the main would have done.
-    signal.signal(signal.SIGTERM, lambda *_: terminated.append(1))
+    on_term = lambda *_: terminated.append(1)    # noqa: E731
+    if not parent_pid:
+        signal.signal(signal.SIGTERM, on_term)
+    elif not die_with_parent(parent_pid, on_term):
+        terminated.append(1)
     try:
         _serve(name, backend, state, inbox, outboxes, stop, terminated)
     finally:
-        if parent_pid and os.getppid() != parent_pid:
-            # Orphaned: the main process died without cleaning up.  Processes
-            # still attached keep working on the old segments until they exit.
-            for n in (name, engine_lock_name(name)):
-                try:
-                    unlink(n, force=True)
-                except FileNotFoundError:
-                    pass
+        # After a SIGTERM, wait for the main to be gone altogether (the
+        # signal can come while its last threads are still exiting).
+        remove_locks_if_orphaned(name, parent_pid,
+                                 ORPHAN_WAIT_S if terminated and not stop.is_set() else 0.0)
 
 
 def _serve(name: str, backend: str, state: SharedState, inbox: Any, outboxes: List[Any],

@@ -12,9 +12,12 @@
   answers a pause request the same way).
 """
 import multiprocessing as mp
+import os
+import signal
+import time
 from typing import Any
 
-from ..lock import RWLock
+from ..lock import RWLock, unlink
 
 CTX = mp.get_context("fork")
 
@@ -69,7 +72,6 @@ def quiesce(engine: RWLock, timeout: float = 10.0) -> bool:
 
 def swap_weights(state: SharedState, seconds: float) -> int:
     """The simulated weight update: shard A, work, shard B."""
-    import time
     version = state.shard_a + 1
     state.set("updating", 1)
     state.set("shard_a", version)
@@ -87,19 +89,54 @@ def new_state() -> Any:
 PR_SET_PDEATHSIG = 1   # linux/prctl.h
 
 
-def die_with_parent(parent_pid: int) -> bool:
+def die_with_parent(parent_pid: int, on_term: Any = signal.SIG_DFL) -> bool:
     """In a demo child: have the kernel send SIGTERM to this process when the
-    demo's main process dies, however it dies (SIGKILL, a crash).  The demo
-    forks every child from its main thread, whose exit is what the kernel
-    watches.  SIGTERM and SIGHUP get their default action back (the child
-    inherited the main's handlers).  False if the main already died: the
-    caller stops now."""
+    demo's main process dies, however it dies (SIGKILL, a crash).  SIGHUP gets
+    its default action back and SIGTERM gets on_term (the child inherited the
+    main's handlers); on_term is installed before the death signal is asked
+    for, so that a SIGTERM for a main that dies right now finds it.  False if
+    the main already died: the caller stops now.
+
+    The kernel sends the signal when the *thread* that forked the child exits
+    (the demo forks from its main thread), and again each time the child is
+    handed to another thread of the same process.  The main has other threads
+    (the C core's lease watchdog, executor threads) that may outlive its main
+    thread for a moment: the first SIGTERM can come while getppid() still
+    names the main.  :func:`orphaned` waits that moment out."""
     import ctypes
-    import os
-    import signal
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, on_term)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     return os.getppid() == parent_pid   # else it died before prctl took effect
+
+
+def orphaned(parent_pid: int, wait: float) -> bool:
+    """True once the demo's main process is gone: this process was handed to
+    a reaper outside it.  Waits up to `wait` seconds for that (the main's last
+    threads may still be exiting, see :func:`die_with_parent`)."""
+    deadline = time.monotonic() + wait
+    while os.getppid() == parent_pid:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+ORPHAN_WAIT_S = 10.0   # how long a child that got SIGTERM waits for the main to be gone
+
+
+def remove_locks_if_orphaned(name: str, parent_pid: int, wait: float) -> None:
+    """In a demo child that is ending: if the main process died without
+    cleaning up, remove the demo's locks, which the main would have done.
+    Every child that dies with the main does this (whichever ends first; the
+    names are unique to this demo run, so a later unlink finds nothing).
+    Processes still attached keep working on the old segments until they exit."""
+    if not parent_pid or not orphaned(parent_pid, wait):
+        return
+    for n in (name, engine_lock_name(name)):
+        try:
+            unlink(n, force=True)
+        except FileNotFoundError:
+            pass

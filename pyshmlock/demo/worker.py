@@ -19,13 +19,23 @@ import asyncio
 import itertools
 import json
 import queue
+import signal
 import threading
 import time
 from typing import Any, Dict, List, Optional
 
 from ..aio import AsyncRWLock
 from ..lock import RWLock
-from .state import MODES, SharedState, die_with_parent, engine_lock_name, quiesce, swap_weights
+from .state import (
+    MODES,
+    ORPHAN_WAIT_S,
+    SharedState,
+    die_with_parent,
+    engine_lock_name,
+    quiesce,
+    remove_locks_if_orphaned,
+    swap_weights,
+)
 
 REQUEST_TIMEOUT = 60.0
 
@@ -426,23 +436,41 @@ def build_app(core: WorkerCore) -> Any:
 
 def worker_main(index: int, name: str, backend: str, state: SharedState, sched_inbox: Any,
                 outboxes: List[Any], controls: List[Any], registered: Any, shared_sock: Any,
-                port_q: Any, go: Any, parent_pid: int = 0) -> None:
+                port_q: Any, go: Any, parent_pid: int = 0, stop: Any = None) -> None:
     """Process entry point: wait for `go`, then serve both sockets until SIGTERM."""
     import socket
 
     import uvicorn
-    if parent_pid and not die_with_parent(parent_pid):   # SIGTERM if the demo dies
-        return
-    if not go.wait(300):
-        return
-    own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    own.bind(("127.0.0.1", 0))
-    own.listen(256)
-    core = WorkerCore(index, name, backend, state, sched_inbox, outboxes[index], controls,
-                      registered)
-    config = uvicorn.Config(build_app(core), log_level="error", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=1)
-    server = uvicorn.Server(config)
-    port_q.put((index, own.getsockname()[1]))
-    asyncio.run(server.serve(sockets=[shared_sock, own]))
+    waited = time.monotonic()
+    # SIGTERM if the demo dies (die_with_parent); uvicorn shuts down on it and
+    # raises it again once it has, which this handler then only records.
+    terminated: List[int] = []
+    if parent_pid and not die_with_parent(parent_pid, lambda *_: terminated.append(1)):
+        terminated.append(1)
+    try:
+        while not terminated and not go.wait(0.1):   # a spare never started
+            if time.monotonic() > waited + 300:
+                return
+        if terminated:
+            return
+        own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        own.bind(("127.0.0.1", 0))
+        own.listen(256)
+        core = WorkerCore(index, name, backend, state, sched_inbox, outboxes[index], controls,
+                          registered)
+        config = uvicorn.Config(build_app(core), log_level="error", access_log=False,
+                                lifespan="on", timeout_graceful_shutdown=1)
+        server = uvicorn.Server(config)
+        port_q.put((index, own.getsockname()[1]))
+        asyncio.run(server.serve(sockets=[shared_sock, own]))
+    finally:
+        # Like the scheduler: if the main died without cleaning up, remove
+        # the demo's locks, so that they go even if the scheduler is slow to.
+        # A SIGTERM from the main's own shutdown (stop set) waits for nothing.
+        shutting_down = stop is not None and stop.is_set()
+        remove_locks_if_orphaned(name, parent_pid,
+                                 ORPHAN_WAIT_S if terminated and not shutting_down else 0.0)
+        if terminated:      # then end as SIGTERM's default action would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
