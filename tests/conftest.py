@@ -12,6 +12,13 @@ import pyshmlock
 
 FORK = mp.get_context("fork")
 
+# Child interpreters (`python -m pyshmlock ...`, `python -c ...`) must import
+# the package under test, not the checkout's source tree: with the default
+# sys.path, the working directory (the checkout, where pytest runs) would come
+# first, and its pyshmlock/ has no compiled core when the package is installed
+# rather than editable (CI's fresh venv).  Python 3.11+ honours this.
+os.environ.setdefault("PYTHONSAFEPATH", "1")
+
 # The benchmark floors are compiled from the checkout's csrc/ even when the
 # package under test is installed (not editable), as in CI's fresh venv.
 os.environ.setdefault("PYSHMLOCK_CSRC", os.path.join(
