@@ -1390,60 +1390,6 @@ int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
     return r;
 }
 
-static int do_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
-                    int64_t deadline_ns)
-{
-    int r = ensure_attached(h);
-    if (r != SHL_OK)
-        return r;
-    struct shl_header *hd = h->hdr;
-    _Atomic uint32_t *words[2];
-    uint32_t vals[2];
-    int32_t watch[FUTEX_WAITV_MAX];
-    int nwords = 0, nwatch = 0;
-    if (what & SHL_WATCH_STATE) {
-        int changed;
-        uint32_t v = arm_sleepers(h, state_expect, &changed);
-        if (changed)
-            return SHL_OK;
-        words[nwords] = &hd->state;
-        vals[nwords++] = v;
-    }
-    if (what & SHL_WATCH_DRAIN) {
-        /* The parked attempts armed DRAINERS themselves after reading
-         * seq_expect; whoever clears the bit bumps the counter. */
-        if (atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst) != seq_expect)
-            return SHL_OK;
-        words[nwords] = &hd->drain_seq;
-        vals[nwords++] = seq_expect;
-    }
-    if (nwords == 0)
-        return SHL_EINVAL;
-    nwatch = collect_watch_set(h, watch, FUTEX_WAITV_MAX - 2);
-    r = sleep_and_probe(h, words, vals, nwords, watch, nwatch, deadline_ns);
-    return r == EINTR ? SHL_EINTR : r == ETIMEDOUT ? SHL_TIMEDOUT : SHL_OK;
-}
-
-int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
-              int64_t deadline_ns)
-{
-    int r = enter(h);
-    if (r != SHL_OK)
-        return r;
-    r = do_watch(h, state_expect, seq_expect, what, deadline_ns);
-    leave(h);
-    return r;
-}
-
-uint32_t shl_load_drain_seq(shl_lock *h)
-{
-    if (enter(h) != SHL_OK)
-        return 0;
-    uint32_t v = atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
-    leave(h);
-    return v;
-}
-
 /* --------------------------------------------------------- blocking calls */
 
 static int run_blocking(shl_lock *h, int kind, int64_t deadline_ns)
@@ -2588,6 +2534,10 @@ int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *o
  */
 #define WATCHER_IDLE_NS (5000LL * 1000 * 1000)   /* thread exits after idling this long */
 
+/* Which words the sleeping watcher thread covers (shl_watcher.cover). */
+#define WATCH_STATE 1
+#define WATCH_DRAIN 2
+
 struct shl_watcher {
     shl_lock *h;
     pthread_mutex_t mu;            /* guards everything below except kick */
@@ -2596,7 +2546,7 @@ struct shl_watcher {
     uint32_t n_state, n_drain;     /* parked attempts of this generation per word */
     uint32_t sexp, qexp;           /* the value they expect (state: sleeper bits ignored) */
     int sdirty, qdirty;            /* two different expectations: wake all */
-    int32_t cover;                 /* SHL_WATCH_* the sleeping thread covers ... */
+    int32_t cover;                 /* WATCH_* the sleeping thread covers ... */
     uint32_t cover_s, cover_q;     /* ... and with which values */
     int running, have_tid, closing;
     pthread_t tid;
@@ -2680,7 +2630,7 @@ static void *watcher_main(void *arg)
             watcher_broadcast(wt);
             continue;
         }
-        wt->cover = (wt->n_state ? SHL_WATCH_STATE : 0) | (wt->n_drain ? SHL_WATCH_DRAIN : 0);
+        wt->cover = (wt->n_state ? WATCH_STATE : 0) | (wt->n_drain ? WATCH_DRAIN : 0);
         wt->cover_s = wt->sexp;
         wt->cover_q = wt->qexp;
         words[nwords] = &wt->kick;
@@ -2781,7 +2731,7 @@ int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen)
                 wt->qexp = w->expect;
             else if (wt->qexp != w->expect)
                 wt->qdirty = 1;
-            kick = !(wt->cover & SHL_WATCH_DRAIN) || wt->cover_q != wt->qexp || wt->qdirty;
+            kick = !(wt->cover & WATCH_DRAIN) || wt->cover_q != wt->qexp || wt->qdirty;
         }
     } else {
         if (state_differs(atomic_load_explicit(&hd->state, memory_order_seq_cst), w->expect)) {
@@ -2791,7 +2741,7 @@ int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen)
                 wt->sexp = w->expect;
             else if (state_differs(wt->sexp, w->expect))
                 wt->sdirty = 1;
-            kick = !(wt->cover & SHL_WATCH_STATE) || state_differs(wt->cover_s, wt->sexp) ||
+            kick = !(wt->cover & WATCH_STATE) || state_differs(wt->cover_s, wt->sexp) ||
                    wt->sdirty;
         }
     }

@@ -186,17 +186,6 @@ int shl_try(shl_lock *h, shl_waiter *w);
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
 void shl_cancel(shl_lock *h, shl_waiter *w);
 
-/* For one helper thread that sleeps on behalf of many parked attempts
- * (asyncio): sleep while the state word still equals state_expect (ignoring
- * the sleeper bits) and/or the drain counter equals seq_expect, watching the
- * processes waited on for death.  SHL_OK: something changed (or a dead
- * process was reclaimed), retry the attempts; SHL_TIMEDOUT: nothing seen
- * before the deadline or the safety net; SHL_EINTR. */
-#define SHL_WATCH_STATE 1
-#define SHL_WATCH_DRAIN 2
-int shl_watch(shl_lock *h, uint32_t state_expect, uint32_t seq_expect, int32_t what,
-              int64_t deadline_ns);
-uint32_t shl_load_drain_seq(shl_lock *h);
 
 /* The asyncio watcher: one C thread per (process, lock), started on the
  * first park, that sleeps for every parked attempt of the process and wakes

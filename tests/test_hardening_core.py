@@ -336,7 +336,7 @@ def test_read_hold_count_overflow_is_an_error_not_a_wrap(lock, lock_name, childr
 # ------------------------------------------------------------ defect 7c
 
 def test_entry_points_refuse_a_null_handle_without_touching_it():
-    """shl_wait, shl_watch, shl_info and shl_slot_info used to read through
+    """shl_wait, shl_info and shl_slot_info used to read through
     the handle before checking it.  Run in a child: the old core crashed."""
     pid = os.fork()
     if pid == 0:
@@ -346,7 +346,6 @@ def test_entry_points_refuse_a_null_handle_without_touching_it():
             w = ffi.new("shl_waiter *")
             w.kind = lib.SHL_KIND_READ
             rcs = [lib.shl_wait(ffi.NULL, w, 0),
-                   lib.shl_watch(ffi.NULL, 0, 0, lib.SHL_WATCH_STATE, 0),
                    lib.shl_info(ffi.NULL, ffi.new("shl_snapshot *")),
                    lib.shl_slot_info(ffi.NULL, 0, ffi.new("shl_slot_snapshot *")),
                    lib.shl_try(ffi.NULL, w), lib.shl_attach(ffi.NULL),
