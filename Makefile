@@ -7,11 +7,11 @@ SAN_DIR := build/sanitize
 test:
 	pip install -q '.[test]' && pytest
 
-# The C core, the fast-path extension and the bench floors must compile
+# The C core (csrc/core/), the fast-path extension and the bench floors must compile
 # without a single warning (the extensions against the Python headers).
 PY_INCLUDE = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 warnings:
-	for c in csrc/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -I$(PY_INCLUDE) -Icsrc -c $$c -o /dev/null || exit 1; done
+	for c in csrc/*.c csrc/core/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -I$(PY_INCLUDE) -Icsrc -Icsrc/core -c $$c -o /dev/null || exit 1; done
 
 # The whole test suite (or SANITIZE_TESTS="paths") against a core built with
 # AddressSanitizer + UBSan.
@@ -43,7 +43,7 @@ fuzz:
 	mkdir -p build/fuzz-corpus
 	cp verify/fuzz-seeds/* build/fuzz-corpus/ 2>/dev/null || true
 	$(CLANG) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  -DOPEN_WAIT_NS=0 -Icsrc csrc/shmlock.c verify/fuzz_open.c -o build/fuzz_open -lpthread
+	  -DOPEN_WAIT_NS=0 -Icsrc -Icsrc/core csrc/core/*.c verify/fuzz_open.c -o build/fuzz_open -lpthread
 	ASAN_OPTIONS=detect_leaks=0 build/fuzz_open -max_total_time=$(FUZZ_SECONDS) \
 	  -timeout=10 -print_final_stats=1 build/fuzz-corpus
 

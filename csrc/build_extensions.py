@@ -24,8 +24,10 @@ ROOT = os.path.dirname(CSRC)
 SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
 
 
-HEADERS = ("shmlock.h",)     # the lock core (the benchmark floors live in bench/)
-SOURCES = ("shmlock.c",)
+HEADERS = ("shmlock.h",)     # the lock core's API (the benchmark floors live in bench/)
+# The core: every C file of csrc/core/, one concern each (see its internal.h).
+CORE = os.path.join(CSRC, "core")
+SOURCES = tuple(sorted(os.path.join("core", f) for f in os.listdir(CORE) if f.endswith(".c")))
 FAST_SOURCE = "fastpath.c"
 # The stable ABI of CPython 3.9: one binary for 3.9 and later.
 LIMITED_API = "0x03090000"
@@ -59,7 +61,7 @@ def make_ffi(absolute_paths=False):
         "pyshmlock._shmlock",
         "".join(f'#include "{h}"\n' for h in HEADERS),
         sources=[path(os.path.join(CSRC, c)) for c in SOURCES],
-        include_dirs=[path(CSRC)],
+        include_dirs=[path(CSRC), path(CORE)],
         extra_compile_args=_cflags,
         extra_link_args=_ldflags,
         libraries=["rt"],

@@ -180,7 +180,7 @@ static int not_ready(void)
 
 /* -------------------------------------------------------------- waiting */
 
-/* The core's blocking loop from SHL_AGAIN on (csrc/shmlock.c run_blocking),
+/* The core's blocking loop from SHL_AGAIN on (csrc/core/wait.c run_blocking),
  * entered without the GIL when *ts != NULL.
  *
  * Ctrl-C between two sleeps: a SIGINT that lands while the thread is not in

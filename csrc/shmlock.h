@@ -3,10 +3,10 @@
  *
  * A cross-process reader/writer lock with a pause gate, kept in one POSIX
  * shared-memory segment.  The protocol is described in docs/DESIGN.md and in
- * the long comment at the top of shmlock.c; read that first.
+ * the long comment at the top of core/protocol.c; read that first.
  *
  * Everything here is plain C with fixed-width integers so that the cffi build
- * script (pyshmlock/_build.py) can declare the same functions verbatim.
+ * script (csrc/build_extensions.py) can declare the same functions verbatim.
  */
 #ifndef PYSHMLOCK_SHMLOCK_H
 #define PYSHMLOCK_SHMLOCK_H
@@ -53,7 +53,7 @@
 #define SHL_KIND_DRAINED  6   /* wait_drained(): wait until no read hold exists */
 
 /* Bits of the shared state word (shl_load_state) that the binding reads to
- * tell whether a new hold would wait (a hold's locked()); shmlock.c's ST_
+ * tell whether a new hold would wait (a hold's locked()); core/internal.h's ST_
  * bits are asserted equal, so Python never copies them by hand. */
 #define SHL_STATE_OWNER_MASK 0x00000FFFu   /* exclusive claim: owner slot + 1 */
 #define SHL_STATE_PAUSED     0x00004000u   /* the pause gate is closed */
@@ -158,7 +158,7 @@ int shl_close(shl_lock *h);
 /* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
  * are attached and force == 0.  Without force it looks inside the segment
  * only if this effective uid owns it (SHL_EPERM otherwise), and it removes
- * exactly the segment it looked at (see shl_unlink in shmlock.c). */
+ * exactly the segment it looked at (see shl_unlink in core/segment.c). */
 int shl_unlink(const char *name, int force, uint32_t *attached);
 
 /* Blocking calls; deadline_ns is CLOCK_MONOTONIC, -1 waits forever, any
@@ -189,7 +189,7 @@ void shl_cancel(shl_lock *h, shl_waiter *w);
 
 /* The asyncio watcher: one C thread per (process, lock), started on the
  * first park, that sleeps for every parked attempt of the process and wakes
- * the event loops through one eventfd each (see shmlock.c).  No Python and
+ * the event loops through one eventfd each (see core/watcher.c).  No Python and
  * no GIL on the wake path.
  *   shl_watcher_new      NULL if h is NULL or out of memory.
  *   shl_watcher_park     register a parked attempt (after shl_try gave

@@ -40,7 +40,7 @@ CALL_NAMES: Dict[int, str] = {
 
 
 # The state word's bits that say whether a new hold would wait, exported by
-# csrc/shmlock.h (see the layout at the top of csrc/shmlock.c).
+# csrc/shmlock.h (see the layout in csrc/core/internal.h).
 _ST_OWNER = lib.SHL_STATE_OWNER_MASK
 _ST_PAUSED = lib.SHL_STATE_PAUSED
 

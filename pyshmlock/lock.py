@@ -1,6 +1,6 @@
 """The blocking API: :class:`RWLock` and :func:`unlink`.
 
-A thin layer over the C core (``csrc/shmlock.c``): RWLock's hold calls are
+A thin layer over the C core (``csrc/core/``): RWLock's hold calls are
 the C fast path's (``pyshmlock._fast``, a base type), every other method is
 one call into C, which does its own waiting with the GIL released.  This
 module keeps the Python-side rules of those calls: argument checking,

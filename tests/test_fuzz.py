@@ -5,6 +5,7 @@ Two fuzzers: a mutation fuzz through the Python API (always; it runs in a
 child process so that a crash fails the test instead of killing pytest), and
 the coverage-guided libFuzzer target verify/fuzz_open.c built with ASan and
 UBSan (when clang and libFuzzer are installed; `make fuzz` runs it longer)."""
+import glob
 import os
 import random
 import shutil
@@ -118,7 +119,8 @@ def test_libfuzzer_target_short_run(tmp_path):
     binary = tmp_path / "fuzz_open"
     subprocess.run([_libfuzzer_clang(), "-g", "-O1", "-fsanitize=fuzzer,address,undefined",
                     "-fno-sanitize-recover=undefined", "-DOPEN_WAIT_NS=0",
-                    "-I", os.path.join(ROOT, "csrc"), os.path.join(ROOT, "csrc", "shmlock.c"),
+                    "-I", os.path.join(ROOT, "csrc"), "-I", os.path.join(ROOT, "csrc", "core"),
+                    *sorted(glob.glob(os.path.join(ROOT, "csrc", "core", "*.c"))),
                     os.path.join(ROOT, "verify", "fuzz_open.c"), "-o", str(binary),
                     "-lpthread"], check=True, timeout=180, env=_without_preload())
     corpus = tmp_path / "corpus"

@@ -101,7 +101,7 @@ def test_sdist_carries_tests_docs_model_and_passes_its_tests(dist, tmp_path):
     with tarfile.open(sdist) as t:
         names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
         t.extractall(tmp_path / "unpacked")
-    for needed in ("LICENSE", "CHANGELOG.md", "Makefile", "README.md", "csrc/shmlock.c",
+    for needed in ("LICENSE", "CHANGELOG.md", "Makefile", "README.md", "csrc/core/protocol.c",
                    "csrc/shmlock.h", "tests/conftest.py", "docs/DESIGN.md",
                    "docs/OPERATIONS.md", "verify/shmlock.pml", "verify/run.py"):
         assert needed in names, f"{needed} missing from {sdist.name}"

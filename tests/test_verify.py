@@ -13,13 +13,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = re.compile(r"\[model:([A-Z_]+)\]")
 
 
-def markers(path):
-    with open(os.path.join(ROOT, path)) as f:
-        return set(MARKER.findall(f.read()))
+def markers(*paths):
+    found = set()
+    for path in paths:
+        with open(os.path.join(ROOT, path)) as f:
+            found |= set(MARKER.findall(f.read()))
+    return found
+
+
+CORE_FILES = sorted(os.path.join("csrc", "core", f)
+                    for f in os.listdir(os.path.join(ROOT, "csrc", "core")))
 
 
 def test_model_and_c_name_the_same_steps():
-    in_model, in_c = markers("verify/shmlock.pml"), markers("csrc/shmlock.c")
+    in_model, in_c = markers("verify/shmlock.pml"), markers(*CORE_FILES)
     assert in_model == in_c, (f"only in the model: {sorted(in_model - in_c)}; "
                               f"only in the C code: {sorted(in_c - in_model)}")
     assert len(in_model) >= 20

@@ -25,7 +25,8 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "shmlock.pml")
-CORE = os.path.join(os.path.dirname(HERE), "csrc", "shmlock.c")
+CSRC = os.path.join(os.path.dirname(HERE), "csrc")
+CORE = os.path.join(CSRC, "core")      # every C file of the core carries markers
 MARKER = re.compile(r"\[model:([A-Z_]+)\]")
 
 
@@ -241,16 +242,20 @@ def default_memory_mb() -> int:
     return 12000
 
 
-def markers() -> List[Tuple[str, Optional[int]]]:
-    """Every marker of the model with the line of shmlock.c that carries it."""
+def markers() -> List[Tuple[str, Optional[str]]]:
+    """Every marker of the model with the place (csrc/core/FILE:LINE) in the C
+    core that carries it, or None."""
     with open(MODEL) as f:
         in_model = sorted(set(MARKER.findall(f.read())))
-    lines: Dict[str, int] = {}
-    with open(CORE) as f:
-        for n, line in enumerate(f, 1):
-            for name in MARKER.findall(line):
-                lines.setdefault(name, n)
-    return [(name, lines.get(name)) for name in in_model]
+    places: Dict[str, str] = {}
+    for c in sorted(os.listdir(CORE)):
+        if not c.endswith((".c", ".h")):
+            continue
+        with open(os.path.join(CORE, c)) as f:
+            for n, line in enumerate(f, 1):
+                for name in MARKER.findall(line):
+                    places.setdefault(name, f"{os.path.relpath(CORE, os.path.dirname(CSRC))}/{c}:{n}")
+    return [(name, places.get(name)) for name in in_model]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -267,8 +272,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("spin is not installed (Debian: apt-get install spin)", file=sys.stderr)
         return 2
     if args.markers:
-        for name, line in markers():
-            print(f"  [model:{name}]  csrc/shmlock.c:{line if line else 'MISSING'}")
+        for name, place in markers():
+            print(f"  [model:{name}]  {place if place else 'MISSING'}")
     ok = True
     opt = "-O0" if args.quick else "-O2"    # small searches: compiling dominates
     if not args.mutants_only:

@@ -1,11 +1,11 @@
 /*
- * shmlock.pml - the pyshmlock protocol as csrc/shmlock.c implements it, for SPIN.
+ * shmlock.pml - the pyshmlock protocol as the C core (csrc/core/) implements it, for SPIN.
  *
  * Each atomic operation of the C code is one step here (an `atomic` block
  * holds exactly one shared-memory operation plus ghost bookkeeping), and is
  * tagged with the same "model:" marker as the operation it mirrors in
- * shmlock.c.  `make verify` prints the C line of every marker, and a test
- * checks that the two files carry the same set of markers.
+ * the C core.  `make verify` prints the C line of every marker, and a test
+ * checks that the model and csrc/core/ carry the same set of markers.
  *
  * NP processes each run OPS operations chosen at random (read, write,
  * update, pause-then-resume).  A reaper may SIGKILL one process between any
@@ -31,7 +31,7 @@
 #define MAXDEATHS 1
 #endif
 
-/* The state word, bit for bit as in shmlock.c, with an EPOCH_BITS-bit epoch
+/* The state word, bit for bit as in csrc/core/internal.h, with an EPOCH_BITS-bit epoch
  * (C: 15 bits).  EPOCH_BITS=1 lets a few claims wrap the epoch around
  * while one reader waits, which 15 bits do after 32,768 claims. */
 #ifndef EPOCH_BITS

@@ -1,0 +1,281 @@
+/*
+ * info.c - introspection: snapshots of the state word, the slots and the
+ * recovery log, for an attached handle (shl_info, shl_slot_info, ...) and
+ * for an observer that maps a segment read-only and attaches nothing
+ * (shl_observe_*: `pyshmlock status` for another user, a full lock).
+ *
+ * A snapshot is a set of relaxed loads taken at one moment, not an atomic
+ * picture, except the state word (seq_cst).  Everything read is untrusted:
+ * the owner index is bounds-checked against the validated private max, the
+ * recovery index is reduced by the caller's bound.  An observer never
+ * writes the segment and never calls glibc on its mutexes (it reads the
+ * robust-futex word instead, see observed_alive).
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+/* ------------------------------------------------------------- snapshots */
+
+/* Is the exclusive claim in state word s a hold (granted), not merely a
+ * claim?  GRANTED is set before the claimant's last scan of the reader
+ * counts, so it may still wait for readers then.  The header's exclusive_pid
+ * is written only once the hold is granted (grant_exclusive) and cleared
+ * before the claim bits on release; owner_pid is the claimant slot's pid.
+ * Relaxed is enough for a snapshot: the seq_cst load of s already follows the
+ * release CAS that ended any earlier hold, so that holder's clear is visible
+ * and its pid cannot pass for the claimant's. */
+static int exclusive_held(const struct shl_header *hd, uint32_t s, uint32_t owner_pid)
+{
+    return (s & ST_GRANTED) && owner_of(s) != 0 && owner_pid != 0 &&
+           atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == owner_pid;
+}
+
+/* The snapshot of a segment mapped at hd (its slots, validated max), for an
+ * attached handle and an observer alike.  SHL_ECORRUPT if the state word
+ * names no slot of the segment. */
+static int take_snapshot(const struct shl_header *hd, const struct shl_slot *slots,
+                         uint32_t max, shl_snapshot *out)
+{
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    int32_t o = owner_slot(s, max);
+    if (o == -2)
+        return SHL_ECORRUPT;
+    memset(out, 0, sizeof *out);
+    out->state = s;
+    out->paused = (s & ST_PAUSED) != 0;
+    out->exclusive_slot = o;
+    out->exclusive_kind = o < 0 ? 0 : (s & ST_UPDATE) ? SHL_KIND_UPDATE : SHL_KIND_WRITE;
+    out->exclusive_pid = o < 0 ? 0 : atomic_load_explicit(&slots[o].pid, memory_order_relaxed);
+    out->exclusive_granted = exclusive_held(hd, s, out->exclusive_pid);
+    out->epoch = ST_EPOCH(s);
+    out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
+    out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);
+    out->paused_at_ns = atomic_load_explicit(&hd->paused_at_ns, memory_order_relaxed);
+    out->data_suspect = (atomic_load_explicit(&hd->flags, memory_order_relaxed) &
+                         FLAG_DATA_SUSPECT) != 0;
+    out->max_processes = max;
+    out->recovery_count = atomic_load_explicit(&hd->recovery_count, memory_order_relaxed);
+    out->creator_pid = hd->creator_pid;
+    out->self_slot = -1;
+    return SHL_OK;
+}
+
+/* The counters of one slot (no liveness verdict: that is the caller's). */
+static void read_slot(const struct shl_slot *sl, shl_slot_snapshot *out)
+{
+    memset(out, 0, sizeof *out);
+    out->pid = atomic_load_explicit(&sl->pid, memory_order_relaxed);
+    out->readers = atomic_load_explicit(&sl->readers, memory_order_relaxed);
+    out->owed = atomic_load_explicit(&sl->rwait[0], memory_order_relaxed) +
+                atomic_load_explicit(&sl->rwait[1], memory_order_relaxed);
+    out->waiting = atomic_load_explicit(&sl->waiting, memory_order_relaxed);
+    out->pidns = atomic_load_explicit(&sl->pidns, memory_order_relaxed);
+}
+
+/* Entry `index` (< SHL_RECOVERY_LOG, checked by the caller) of the log. */
+static void read_recovery(const struct shl_header *hd, uint32_t index, shl_recovery_record *out)
+{
+    const struct shl_recovery_entry *e = &hd->recoveries[index];
+    out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
+    out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
+    out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
+    out->owed = __atomic_load_n(&e->owed, __ATOMIC_RELAXED);
+    out->when_ns = __atomic_load_n(&e->when_ns, __ATOMIC_RELAXED);
+}
+
+/* ------------------------------------------------------ an attached handle */
+
+static int do_info(shl_lock *h, shl_snapshot *out)
+{
+    int r = ensure_attached(h);
+    if (r == SHL_OK)
+        r = take_snapshot(h->hdr, h->slots, h->max, out);
+    if (r == SHL_OK)
+        out->self_slot = h->self;
+    return r;
+}
+
+int shl_info(shl_lock *h, shl_snapshot *out)
+{
+    RUN_IN_FLIGHT(h, do_info(h, out));
+}
+
+static int do_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
+{
+    if (index >= h->max)
+        return SHL_EINVAL;
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    struct shl_slot *sl = &h->slots[index];
+    memset(out, 0, sizeof *out);
+    if (atomic_load_explicit(&sl->pid, memory_order_relaxed) == 0 && slot_is_clean(sl))
+        return SHL_OK;   /* free */
+    int alive = probe_slot(h, index);   /* reclaims a dead owner's holds */
+    read_slot(sl, out);
+    out->alive = alive;
+    out->is_self = (int32_t)index == h->self;
+    return SHL_OK;
+}
+
+int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
+{
+    RUN_IN_FLIGHT(h, do_slot_info(h, index, out));
+}
+
+static int do_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
+{
+    read_recovery(h->hdr, index, out);
+    return SHL_OK;
+}
+
+int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
+{
+    if (index >= SHL_RECOVERY_LOG)
+        return h == NULL ? SHL_ECLOSED : SHL_EINVAL;
+    RUN_IN_FLIGHT(h, do_recovery_info(h, index, out));
+}
+
+uint32_t shl_load_state(shl_lock *h)
+{
+    if (enter(h) != SHL_OK)
+        return 0;
+    uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
+    leave(h);
+    return v;
+}
+
+/* --------------------------------------------------------------- observers */
+
+struct shl_observer {
+    const struct shl_header *hdr;   /* mapped PROT_READ: never written */
+    const struct shl_slot *slots;
+    size_t map_size;
+    uint32_t max;                   /* validated private copy */
+};
+
+int shl_observe_open(const char *name, shl_observer **out)
+{
+    char path[SHL_NAME_MAX + 32];
+    *out = NULL;
+    if (!valid_name(name))
+        return SHL_EINVAL;
+    snprintf(path, sizeof path, "/pyshmlock.%s", name);
+    int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0)
+        return SHL_ESYS;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return SHL_ESYS;
+    }
+    /* An observer does not wait for a creator: an empty segment is reported
+     * at once (a creator sets the size before it writes a byte). */
+    if (st.st_size == 0) {
+        close(fd);
+        return SHL_EINIT;
+    }
+    if ((size_t)st.st_size < sizeof(struct shl_header)) {
+        close(fd);
+        return SHL_EFOREIGN;
+    }
+    size_t len = (size_t)st.st_size;
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        errno = e;
+        return SHL_ESYS;
+    }
+    const struct shl_header *hd = p;
+    uint32_t max = 0;
+    int r;
+    /* acquire: pairs with init_segment's release store of READY. */
+    if (atomic_load_explicit(&hd->ready, memory_order_acquire) != SHL_READY)
+        r = (hd->magic != 0 && hd->magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
+    else
+        r = validate_header(hd, len, &max);
+    shl_observer *o = r == SHL_OK ? calloc(1, sizeof *o) : NULL;
+    if (r == SHL_OK && !o) {
+        errno = ENOMEM;
+        r = SHL_ESYS;
+    }
+    if (r != SHL_OK) {
+        munmap(p, len);
+        return r;
+    }
+    o->hdr = hd;
+    o->slots = (const struct shl_slot *)(hd + 1);
+    o->map_size = len;
+    o->max = max;
+    *out = o;
+    return SHL_OK;
+}
+
+void shl_observe_close(shl_observer *o)
+{
+    if (o == NULL)
+        return;
+    munmap((void *)o->hdr, o->map_size);
+    free(o);
+}
+
+/* Is the owner of this slot alive, judged from the mutex bytes alone?  The
+ * kernel's robust-futex ABI keeps the owner's TID in the futex word while it
+ * lives and, when it dies, replaces it with FUTEX_OWNER_DIED (before the
+ * process becomes a zombie).  A process probing the slot holds it for a few
+ * instructions, which reads as alive: an observer may call a dead owner
+ * alive for that instant, never a live one dead. */
+static int observed_alive(const struct shl_slot *sl)
+{
+#ifdef __GLIBC__
+    pthread_mutex_t *m = (pthread_mutex_t *)&sl->owner;   /* only read below */
+    if (!slot_mutex_sane(m))
+        return 1;   /* not one of our mutexes: never called dead */
+    uint32_t w = __atomic_load_n(mutex_word(m), __ATOMIC_ACQUIRE);
+    return (w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED);
+#else
+    (void)sl;
+    return 1;
+#endif
+}
+
+int shl_observe_info(shl_observer *o, shl_snapshot *out)
+{
+    if (o == NULL)
+        return SHL_ECLOSED;
+    return take_snapshot(o->hdr, o->slots, o->max, out);
+}
+
+int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
+{
+    if (o == NULL)
+        return SHL_ECLOSED;
+    if (index >= o->max)
+        return SHL_EINVAL;
+    const struct shl_slot *sl = &o->slots[index];
+    read_slot(sl, out);
+    if (out->pid == 0 && out->readers == 0 && out->owed == 0) {
+        out->pidns = 0;
+        return SHL_OK;   /* free */
+    }
+    out->alive = observed_alive(sl);
+    return SHL_OK;
+}
+
+int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *out)
+{
+    if (o == NULL)
+        return SHL_ECLOSED;
+    if (index >= SHL_RECOVERY_LOG)
+        return SHL_EINVAL;
+    read_recovery(o->hdr, index, out);
+    return SHL_OK;
+}

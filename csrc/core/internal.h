@@ -1,0 +1,339 @@
+/*
+ * internal.h - what every file of the pyshmlock C core shares: the segment's
+ * layout, the state word's bits, the process-private handle, small tools
+ * (clocks, futexes, the in-flight bracket) and the functions one file of the
+ * core calls in another.  Nothing here is part of the API (that is
+ * ../shmlock.h); the cross-file functions have hidden visibility.
+ *
+ * The core, one concern per file (docs/DESIGN.md, "Map", says which file
+ * owns which invariant):
+ *
+ *   protocol.c  the state word: read admission (the Dekker handshake),
+ *               exclusive claims and their drain, phase fairness, pause and
+ *               resume, releases.  Its head comment is the protocol; read
+ *               it first.
+ *   wait.c      sleeping: futexes on the state word and the drain counter,
+ *               the death watch on the processes waited for, and the
+ *               blocking calls (try, sleep, retry).
+ *   slots.c     the per-process slots: taking one, probing a slot's owner
+ *               for death, reclaiming a dead process's holds, resetting a
+ *               stale pause; the glibc-private mutex fields, in one place.
+ *   process.c   this process's side: the keeper threads that hold its slot
+ *               mutexes, its list of handles, attaching, and fork().
+ *   segment.c   opening, validating, closing and removing a segment: the
+ *               boundary where shared memory is untrusted input.
+ *   lease.c     the host lease and its watchdog thread (cluster agent).
+ *   info.c      introspection: snapshots of an attached lock, and
+ *               observers that map a segment read-only.
+ *   watcher.c   the asyncio watcher: one GIL-free thread per lock and
+ *               process that wakes event loops through eventfds.
+ */
+#ifndef PYSHMLOCK_CORE_INTERNAL_H
+#define PYSHMLOCK_CORE_INTERNAL_H
+
+#define _GNU_SOURCE
+#include "shmlock.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if !defined(__linux__)
+#error "pyshmlock needs Linux futexes"
+#endif
+
+/* ================================================================ layout
+ * One segment "/pyshmlock.<name>": the header, then max_processes slots.
+ * Every field is shared memory, written by every attached process: treat
+ * each value read from it as untrusted (bounds-check indices and counts). */
+
+#define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
+#define SHL_LAYOUT  2u                   /* 2: slot.pidns */
+#define SHL_READY   0x59444552u          /* "REDY": creator finished init */
+
+#define ST_OWNER     0x00000FFFu
+#define ST_UPDATE    0x00001000u
+#define ST_GRANTED   0x00002000u
+#define ST_PAUSED    0x00004000u
+#define ST_SLEEPERS  0x00008000u
+#define ST_DRAINERS  0x00010000u
+#define ST_EPOCH_SHIFT 17
+#define ST_EPOCH_ONE (1u << ST_EPOCH_SHIFT)
+#define ST_EPOCH(s)  ((s) >> ST_EPOCH_SHIFT)
+#define ST_CLAIM_BITS (ST_OWNER | ST_UPDATE | ST_GRANTED)
+_Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED,
+               "shmlock.h's SHL_STATE_ bits must be the state word's ST_ bits");
+
+#define FLAG_DATA_SUSPECT 1u
+
+/* How long a waiter sleeps before it re-probes the processes it waits on,
+ * as a safety net only: deaths normally wake it through futex_waitv. */
+#define SAFETY_NET_NS      (100LL * 1000 * 1000)
+#define NO_WAITV_PROBE_NS  (5LL * 1000 * 1000)
+#ifndef OPEN_WAIT_NS   /* how long an opener waits for a creator still initialising */
+#define OPEN_WAIT_NS       (2000LL * 1000 * 1000)
+#endif
+
+struct shl_recovery_entry {
+    uint32_t pid, what, reads, owed;
+    uint64_t when_ns;
+};
+
+struct shl_header {
+    uint32_t magic;
+    uint32_t layout_version;
+    uint32_t header_size;
+    uint32_t slot_size;
+    uint32_t max_processes;
+    uint32_t creator_pid;
+    uint64_t total_size;
+    _Atomic uint32_t ready;
+    /* 1 + the highest slot index ever attached: only rises (attach_slot),
+     * and bounds every scan of the slots (scan_limit).  Read-mostly, so it
+     * shares the line of the fields fixed at creation.  Untrusted: clamped
+     * to the validated max before use. */
+    _Atomic uint32_t slots_hwm;
+    _Alignas(64) _Atomic uint32_t state;       /* the gate; own cache line */
+    _Alignas(64) _Atomic uint32_t drain_seq;   /* bumped when readers leave */
+    _Alignas(64) _Atomic uint32_t flags;
+    _Atomic uint32_t paused_by_pid;
+    _Atomic uint32_t pause_count;
+    _Atomic uint32_t exclusive_pid;
+    _Atomic uint64_t paused_at_ns;
+    _Atomic uint32_t recovery_count;
+    struct shl_recovery_entry recoveries[SHL_RECOVERY_LOG];
+    /* Host lease (used by the cluster agent; kept at the end of the header).
+     * While nonzero, a CLOCK_MONOTONIC deadline that the agent renews.  Once
+     * it has passed, the lease watchdog of every attached process pauses the
+     * gate (fail closed) with the existing pause step.  0: no lease. */
+    _Alignas(64) _Atomic int64_t lease_deadline_ns;
+    _Atomic uint32_t lease_pid;         /* who armed it (observability) */
+    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
+};
+
+struct shl_slot {
+    pthread_mutex_t owner;          /* robust + pshared, held by the owner's keeper */
+    _Atomic uint32_t pid;
+    _Atomic uint32_t readers;       /* read holds + transient admission attempts */
+    _Atomic uint32_t rwait[2];      /* owed readers, by parity of the epoch queued behind */
+    _Atomic uint32_t waiting;       /* threads asleep in shl_wait (observability) */
+    _Atomic uint64_t attached_at_ns;
+    _Atomic uint64_t pidns;         /* owner's PID namespace (display only, like pid) */
+} __attribute__((aligned(64)));
+
+struct shl_lock {
+    struct shl_header *hdr;
+    struct shl_slot *slots;
+    size_t map_size;
+    uint32_t max;                   /* validated private copy of max_processes */
+    int32_t self;                   /* our slot, -1 when not attached */
+    /* g_fork_gen when self was taken.  Stored with release after self, loaded
+     * with acquire before self is read: a thread of a forked child that sees
+     * the new generation also sees the slot another thread just took. */
+    _Atomic uint64_t fork_gen;
+    uint32_t pid;                   /* getpid() when self was taken: getpid() is a
+                                       system call, too dear for every write */
+    _Atomic uint32_t held_reads;    /* process-local truth about our holds */
+    _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
+    _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
+    uint64_t dev, ino;              /* the segment: with self, names our attachment */
+    /* Calls inside the core on this handle (low 29 bits), H_SWEEP, H_CLOSING and
+     * H_CLOSED.  See enter(): close() starts only by moving this word from
+     * 0 to H_CLOSING. */
+    _Atomic uint32_t inflight;
+    struct shl_lock *next_handle;   /* g_handles: every handle ever opened */
+};
+
+#define H_CLOSED  0x80000000u
+#define H_CLOSING 0x40000000u     /* close() is deciding; callers wait it out */
+#define H_SWEEP   0x20000000u     /* the lease watchdog is looking (see lease_sweep) */
+
+/* ========================================================== small tools */
+
+static inline int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline uint64_t real_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static inline void ns_to_timespec(int64_t ns, struct timespec *ts)
+{
+    ts->tv_sec = ns / 1000000000LL;
+    ts->tv_nsec = ns % 1000000000LL;
+}
+
+static inline void futex_wake_all(_Atomic uint32_t *word)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Sleep while *word == val, until the absolute CLOCK_MONOTONIC deadline.
+ * Returns 0 (woken or value changed), ETIMEDOUT or EINTR. */
+static inline int futex_wait_until(_Atomic uint32_t *word, uint32_t val, int64_t deadline)
+{
+    struct timespec ts;
+    ns_to_timespec(deadline, &ts);
+    long r = syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_BITSET, val, &ts,
+                     NULL, FUTEX_BITSET_MATCH_ANY);
+    if (r == 0) return 0;
+    if (errno == ETIMEDOUT || errno == EINTR) return errno;
+    return 0;   /* EAGAIN: the value changed before we slept */
+}
+
+static inline uint32_t owner_of(uint32_t s) { return s & ST_OWNER; }
+
+/* The state word is shared memory and so untrusted: an owner index is used
+ * only after this bounds check against a validated private max.  Returns
+ * the slot index, -1 if none, or -2 if the word is corrupt. */
+static inline int32_t owner_slot(uint32_t s, uint32_t max)
+{
+    uint32_t o = owner_of(s);
+    if (o == 0) return (s & (ST_UPDATE | ST_GRANTED)) ? -2 : -1;
+    if (o > max) return -2;
+    return (int32_t)(o - 1);
+}
+
+static inline int32_t owner_index(const shl_lock *h, uint32_t s)
+{
+    return owner_slot(s, h->max);
+}
+
+/* ==================================================== in-flight bracket */
+
+/*
+ * Every public entry point that reads the handle's mapping brackets its work
+ * with enter()/leave(), and close() starts only by moving h->inflight from
+ * 0 to H_CLOSING.  Both are read-modify-writes of one word, so in its
+ * modification order each enter() either comes first (close() sees a count
+ * and refuses with SHL_EINFLIGHT) or later: the call backs out without
+ * touching the segment, and either returns SHL_ECLOSED (H_CLOSED) or waits
+ * the few loads that close() needs to decide (H_CLOSING) and tries again.
+ * close() leaves H_CLOSING by read-modify-writes only, so the transient
+ * increments of callers that back out are never overwritten.
+ *
+ * Orders: enter() is acquire, so nothing the call does to the mapping is
+ * performed before its increment; leave() is release, and close()'s CAS is
+ * acquire and reads the value the last leave() wrote (every RMW on the word
+ * continues the release sequence), so every access of a finished call
+ * happens before the munmap.  The word is process-private: the cost is one
+ * uncontended RMW pair per call (the fast read path already does a seq_cst
+ * RMW on the shared slot).
+ */
+static inline int enter(shl_lock *h)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
+    for (;;) {
+        uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
+        if (__builtin_expect((n & (H_CLOSED | H_CLOSING)) == 0, 1))
+            return SHL_OK;
+        atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_relaxed);
+        if (n & H_CLOSED)
+            return SHL_ECLOSED;
+        /* close() is deciding: a handful of loads, never a wait. */
+        while (atomic_load_explicit(&h->inflight, memory_order_relaxed) & H_CLOSING)
+            sched_yield();
+    }
+}
+
+static inline void leave(shl_lock *h)
+{
+    atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
+}
+
+/* The body of a public entry point: `call` runs as one call in flight on h
+ * (enter/leave above), and its result is returned; a closed handle returns
+ * SHL_ECLOSED without running it. */
+#define RUN_IN_FLIGHT(h, call)               \
+    do {                                     \
+        int in_flight_r_ = enter(h);         \
+        if (in_flight_r_ == SHL_OK) {        \
+            in_flight_r_ = (call);           \
+            leave(h);                        \
+        }                                    \
+        return in_flight_r_;                 \
+    } while (0)
+
+/* ============================================ calls between core files */
+
+#pragma GCC visibility push(hidden)
+
+/* process.c: this process's attachments, handles and fork generation. */
+extern _Atomic(shl_lock *) g_handles;    /* every handle ever opened, newest first */
+extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child */
+void core_init(void);                    /* once per process: the fork handler */
+int reattach(shl_lock *h);               /* ensure_attached's slow path */
+enum { KEEP_TRYLOCK = 1, KEEP_UNLOCK = 2 };
+int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino, uint32_t slot);
+int keeper_call(int op, pthread_mutex_t *m);
+int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot);
+uint64_t self_pidns(void);
+
+/* slots.c: slots, liveness, recovery. */
+void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, uint32_t owed);
+int slot_is_clean(const struct shl_slot *sl);
+void init_slot_mutex(pthread_mutex_t *m);
+int slot_mutex_sane(const pthread_mutex_t *m);
+int probe_slot(shl_lock *h, uint32_t i);
+int attach_slot(shl_lock *h);
+#ifdef __GLIBC__
+/* The robust-futex word of a slot mutex (a glibc-private field; slots.c). */
+uint32_t *mutex_word(pthread_mutex_t *m);
+#endif
+
+/* protocol.c: the attempts, for the blocking calls and the watcher. */
+uint32_t scan_limit(shl_lock *h);
+int do_try(shl_lock *h, shl_waiter *w);
+void do_cancel(shl_lock *h, shl_waiter *w);
+int do_pause(shl_lock *h);
+
+/* wait.c: sleeping with a death watch. */
+int collect_watch_set(shl_lock *h, int32_t *watch, int cap);
+int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
+                    int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns);
+uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed);
+
+/* segment.c: header validation, shared with read-only observers. */
+size_t layout_size(uint32_t max);
+int valid_name(const char *name);
+int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max);
+
+/* lease.c: the lease watchdog thread. */
+int lease_check(shl_lock *h);
+int wd_start(void);
+void wd_kick(void);
+void wd_after_fork(void);
+
+#pragma GCC visibility pop
+
+/* Every entry point starts here.  After fork() the child holds nothing and
+ * owns no slot; it takes one of its own on first use (reattach).  Inline:
+ * the read fast path passes through it on every call. */
+static inline int ensure_attached(shl_lock *h)
+{
+    if (__builtin_expect(h != NULL &&
+                         atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
+                             atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
+                         && h->self >= 0, 1))
+        return SHL_OK;
+    return reattach(h);
+}
+
+#endif /* PYSHMLOCK_CORE_INTERNAL_H */

@@ -1,0 +1,294 @@
+/*
+ * process.c - this process's side of the core: the keeper threads that hold
+ * its slot mutexes (so a slot looks dead exactly when the process is dead),
+ * the list of every handle it opened, attaching a handle to a slot, and
+ * fork().
+ *
+ * Crash safety starts here.  Every process keeps its slot's robust mutex
+ * locked from a small "keeper" thread that lives as long as the process
+ * (holding it from an application thread would make the slot look dead when
+ * that thread exits).  The kernel marks a robust mutex OWNER_DIED when its
+ * owner dies, before the process becomes a zombie, so a trylock returning
+ * EOWNERDEAD is an exact death test that survives PID reuse (slots.c probes
+ * and reclaims; wait.c sleeps on the mutex words of the processes waited
+ * for, so a death wakes a waiter at once).
+ *
+ * Everything in this file is process-private.  A forked child has only the
+ * forking thread: after_fork_in_child resets every private mutex and the
+ * in-flight counts of its handles, and bumps the fork generation, so each
+ * handle takes a slot of its own on first use (reattach).
+ */
+#include "internal.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+/* --------------------------------------------------------- keeper threads */
+
+/*
+ * Keeper threads own this process's slot mutexes.  Requests reach them
+ * through k_mu/k_cv; k_call_mu serialises callers so that one request is in
+ * flight at a time.  All of it is process-private.
+ *
+ * Why more than one keeper: a robust mutex is found at its owner's death
+ * through the owning thread's robust list, and the kernel walks at most
+ * ROBUST_LIST_LIMIT (2048) entries of it (glibc adds at the head, so the
+ * OLDEST slots would be lost: they would look alive forever).  So each
+ * keeper holds at most KEEPER_CAPACITY mutexes, well below that limit, and
+ * another keeper is started when every keeper is full.
+ *
+ * k_held records, for every mutex a keeper holds, which segment (dev/ino)
+ * and slot it is.  That record, not a pid, is what "this process's
+ * attachment" means: pids are not unique across PID namespaces.
+ */
+#define KEEPER_CAPACITY 1024     /* mutexes per keeper; the kernel walks 2048 */
+#define KEEPER_MAX      256      /* keepers per process (262,144 attachments) */
+
+struct kept {
+    pthread_mutex_t *m;          /* the slot mutex, in our mapping */
+    uint64_t dev, ino;           /* the segment */
+    uint32_t slot, keeper;
+};
+
+static pthread_mutex_t k_call_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t k_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t k_cv = PTHREAD_COND_INITIALIZER;
+static int k_started, k_op, k_result;   /* k_started 0: no keeper (yet, or after fork) */
+static uint64_t k_req, k_done;
+static pthread_mutex_t *k_target;
+static uint32_t k_who;                  /* the keeper the request is for */
+static uint32_t k_nkeepers;             /* under k_call_mu, like all below */
+static uint32_t k_count[KEEPER_MAX];    /* mutexes each keeper holds */
+static struct kept *k_held;
+static size_t k_nheld, k_capheld;
+/* Serialises taking a slot (reattach).  Process-private too, so it
+ * is reset in a forked child like the keeper's mutexes: a thread that held
+ * it at fork() does not exist in the child. */
+static pthread_mutex_t g_reattach_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Every handle this process ever opened, newest first.  Handles are never
+ * freed (see shl_close), so the list only grows, by a CAS on the head: a
+ * fork() at any moment leaves the child a well-formed list. */
+_Atomic(shl_lock *) g_handles;
+
+_Atomic uint64_t g_fork_gen;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static void *keeper_main(void *arg)
+{
+    uint32_t me = (uint32_t)(uintptr_t)arg;
+    pthread_mutex_lock(&k_mu);
+    for (;;) {
+        while (k_done == k_req || k_who != me)
+            pthread_cond_wait(&k_cv, &k_mu);
+        int r;
+        if (k_op == KEEP_TRYLOCK) {
+            r = pthread_mutex_trylock(k_target);
+            /* The keeper is the owner now, so it must be the one that marks
+             * the mutex consistent; the caller then reclaims the slot. */
+            if (r == EOWNERDEAD)
+                pthread_mutex_consistent(k_target);
+        } else {
+            r = pthread_mutex_unlock(k_target);
+        }
+        k_result = r;
+        k_done = k_req;
+        pthread_cond_broadcast(&k_cv);
+    }
+    return NULL;
+}
+
+/* Start keeper number k_nkeepers.  Caller holds k_call_mu and k_mu. */
+static int start_keeper(void)
+{
+    if (k_nkeepers >= KEEPER_MAX)
+        return EMFILE;
+    pthread_t t;
+    pthread_attr_t attr;
+    sigset_t all, old;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024);
+    /* A keeper must never take a signal meant for the application. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int r = pthread_create(&t, &attr, keeper_main, (void *)(uintptr_t)k_nkeepers);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (r == 0)
+        k_count[k_nkeepers++] = 0;
+    return r;
+}
+
+/* Run one request on keeper `who`.  Caller holds k_call_mu and k_mu. */
+static int keeper_run(uint32_t who, int op, pthread_mutex_t *m)
+{
+    k_op = op;
+    k_target = m;
+    k_who = who;
+    uint64_t mine = ++k_req;
+    pthread_cond_broadcast(&k_cv);
+    while (k_done != mine)
+        pthread_cond_wait(&k_cv, &k_mu);
+    return k_result;
+}
+
+/* KEEP_TRYLOCK: lock m from a keeper with room and record it as slot `slot`
+ * of segment id (dev/ino).  KEEP_UNLOCK: unlock m from the keeper that holds
+ * it.  Returns the pthread result, or -1 with errno set. */
+int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino,
+                   uint32_t slot)
+{
+    int r;
+    pthread_mutex_lock(&k_call_mu);
+    pthread_mutex_lock(&k_mu);
+    if (!k_started) {
+        /* First use, or first use after fork(): the child has no keeper
+         * and holds none of the parent's mutexes.  The table is dropped,
+         * not reused: a fork in the middle of a realloc in another thread
+         * may have left k_held pointing at freed memory (a leak of at most
+         * one table per fork instead). */
+        k_nkeepers = 0;
+        k_nheld = 0;
+        k_held = NULL;
+        k_capheld = 0;
+        k_started = 1;
+    }
+    if (op == KEEP_TRYLOCK) {
+        uint32_t who = 0;
+        while (who < k_nkeepers && k_count[who] >= KEEPER_CAPACITY)
+            who++;
+        r = 0;
+        if (who == k_nkeepers)
+            r = start_keeper();
+        if (r == 0 && k_nheld == k_capheld) {
+            size_t cap = k_capheld ? 2 * k_capheld : 64;
+            struct kept *p = realloc(k_held, cap * sizeof *p);
+            if (p) {
+                k_held = p;
+                k_capheld = cap;
+            } else {
+                r = ENOMEM;
+            }
+        }
+        if (r != 0) {
+            errno = r;
+            r = -1;
+        } else {
+            r = keeper_run(who, KEEP_TRYLOCK, m);
+            if (r == 0 || r == EOWNERDEAD) {
+                k_held[k_nheld++] = (struct kept){m, dev, ino, slot, who};
+                k_count[who]++;
+            }
+        }
+    } else {
+        size_t i = 0;
+        while (i < k_nheld && k_held[i].m != m)
+            i++;
+        if (i == k_nheld) {
+            r = EPERM;    /* no keeper of ours holds it */
+        } else {
+            r = keeper_run(k_held[i].keeper, KEEP_UNLOCK, m);
+            k_count[k_held[i].keeper]--;
+            k_held[i] = k_held[--k_nheld];
+        }
+    }
+    pthread_mutex_unlock(&k_mu);
+    pthread_mutex_unlock(&k_call_mu);
+    return r;
+}
+
+int keeper_call(int op, pthread_mutex_t *m)
+{
+    return keeper_request(op, m, 0, 0, 0);
+}
+
+/* Is slot `slot` of segment dev/ino held by a keeper of this process, i.e.
+ * one of this process's own attachments? */
+int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot)
+{
+    int found = 0;
+    pthread_mutex_lock(&k_call_mu);
+    for (size_t i = 0; k_started && i < k_nheld && !found; i++)
+        found = k_held[i].dev == dev && k_held[i].ino == ino && k_held[i].slot == slot;
+    pthread_mutex_unlock(&k_call_mu);
+    return found;
+}
+
+/* ------------------------------------------------------------ fork, attaching */
+
+/* The inode of this process's PID namespace, recorded in its slots so that
+ * info() can tell two processes with the same pid apart.  0 if unknown. */
+uint64_t self_pidns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* In a forked child only the forking thread exists: no keeper, and every
+ * process-private mutex of the core (k_call_mu, k_mu, k_cv, g_reattach_mu,
+ * the watchdog's)  * may be held by a thread that is gone.  Start afresh; handles notice the
+ * new fork generation and take a slot of their own. */
+static void after_fork_in_child(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t fresh_cv = PTHREAD_COND_INITIALIZER;
+    k_call_mu = fresh;
+    k_mu = fresh;
+    k_cv = fresh_cv;
+    g_reattach_mu = fresh;
+    wd_after_fork();        /* the parent's watchdog is not here either */
+    k_started = 0;
+    k_req = k_done = 0;
+    /* The parent's threads that were inside a call (or sweeping: H_SWEEP)
+     * do not exist here: their in-flight counts would make close() refuse
+     * forever.  Closed stays closed. */
+    for (shl_lock *x = atomic_load_explicit(&g_handles, memory_order_relaxed); x;
+         x = x->next_handle)   /* (a close that was deciding: its thread is gone too) */
+        atomic_store_explicit(&x->inflight,
+                              atomic_load_explicit(&x->inflight, memory_order_relaxed) & H_CLOSED,
+                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
+}
+
+static void init_once(void)
+{
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+/* ensure_attached's slow path (internal.h): first use after open, or the
+ * first use of an inherited handle in a forked child, which holds nothing
+ * and owns no slot. */
+int reattach(shl_lock *h)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
+    int r = SHL_OK;
+    pthread_mutex_lock(&g_reattach_mu);
+    if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+            atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
+        atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
+        atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
+        h->self = -1;
+        /* An attached process always has a lease watchdog (a forked child
+         * gets its own here): no watchdog, no attachment. */
+        r = wd_start();
+        if (r == SHL_OK)
+            r = attach_slot(h);
+        if (r == SHL_OK)
+            wd_kick();   /* a child's inherited handles are already listed */
+    }
+    pthread_mutex_unlock(&g_reattach_mu);
+    return r;
+}
+
+int shl_attach(shl_lock *h)
+{
+    RUN_IN_FLIGHT(h, ensure_attached(h));
+}
+
+void core_init(void)
+{
+    pthread_once(&g_once, init_once);
+}

@@ -1,0 +1,573 @@
+/*
+ * protocol.c - the pyshmlock protocol: every decision made on the shared
+ * state word.  Read admission, exclusive claims and their drain, phase
+ * fairness, pause and resume, and the releases.  Sleeping is wait.c's; a
+ * dead process's leftovers are reclaimed by slots.c.
+ *
+ * ======================================================================
+ *  Protocol overview (docs/DESIGN.md has the long form and the proofs)
+ * ======================================================================
+ *
+ * One POSIX shared-memory segment "/pyshmlock.<name>" holds:
+ *
+ *   header   magic, layout version, sizes, max_processes (fixed by the
+ *            creator), the SLOTS' HIGH-WATER MARK, the 32-bit STATE WORD,
+ *            the DRAIN COUNTER, and observability fields (who paused,
+ *            recovery log).
+ *   slots    max_processes per-process records.  A process owns exactly one
+ *            slot per lock it has open.  All per-process state lives in the
+ *            slot: its read-hold count, its queued ("owed") readers, and a
+ *            robust process-shared mutex that says whether the owner lives.
+ *
+ * The state word (all gate decisions are made on it, atomically):
+ *
+ *   bits  0-11  OWNER     slot index + 1 of the exclusive claimant (0: none)
+ *   bit     12  UPDATE    the claim is an update (pins the pause)
+ *   bit     13  GRANTED   the claim has finished waiting for readers
+ *   bit     14  PAUSED    no new read hold is granted anywhere
+ *   bit     15  SLEEPERS  someone sleeps on the state word (futex)
+ *   bit     16  DRAINERS  someone sleeps on the drain counter (futex)
+ *   bits 17-31  EPOCH     counts exclusive claims (wraps)
+ *
+ * Read admission is a Dekker handshake between a reader and the exclusive
+ * claimant, with sequentially consistent operations on both sides:
+ *
+ *   reader:   slot.readers += 1 ; s = load(state) ;
+ *             admitted if !PAUSED && OWNER == 0 (or the owed-reader rule)
+ *             otherwise slot.readers -= 1 and wait.
+ *             (A slot that already counts SHL_READ_HOLDS_MAX fails with
+ *             SHL_EOVERFLOW instead: the 32-bit count never wraps.)
+ *   writer:   CAS(state: OWNER = me) ; n = load(slots_hwm) ;
+ *             then scan slot.readers of slots [0, n).
+ *
+ * In the single total order of seq_cst operations either the reader's load
+ * follows the claim (it sees OWNER and backs out) or the writer's scan
+ * follows the increment (it sees the reader and waits).  Both cannot miss.
+ * The same handshake makes pause() atomic against admission.
+ *
+ * Scans are bounded by the slots' high-water mark (1 + the highest slot
+ * index ever attached), so their cost follows the processes ever attached,
+ * not max_processes.  A process raises the mark (seq_cst fetch-max) when it
+ * takes its slot, before the slot holds any registration; every scanner
+ * loads it (seq_cst) after its own operation on the state word, and clamps
+ * it to the validated max.  A reader the scan must count looked at the
+ * state before that operation, so its raise came before the scanner's load
+ * in the total order, and the mark never falls (proof at scan_limit).
+ *
+ * Phase fairness.  A reader that finds an exclusive claim with epoch E
+ * registers in slot.rwait[E & 1] ("owed").  The claimant of a later claim
+ * E' waits for every owed reader of parity (E'-1) & 1 before it sets
+ * GRANTED, and an owed reader enters E' while it is still draining (not
+ * GRANTED, not PAUSED) whenever it is registered under that parity (or
+ * E' != its epoch).  Entry never depends on epoch equality alone: the
+ * 15-bit epoch wraps (2^15 claims under a pause can pass one waiting
+ * reader), and a claim that waits for a reader always lets it in.  So a
+ * reader waits through at most one exclusive phase (two if it registered
+ * too late for a claim's count; pauses excepted); a writer waits through at most the
+ * readers present or owed when it claimed.  After setting GRANTED the writer
+ * scans the reader counts once more (second Dekker pair), so a late owed
+ * reader that slipped in is waited for, never overlapped.
+ *
+ * Waiting uses Linux futexes on shared (not private) words.  A waiter sets
+ * SLEEPERS or DRAINERS before it sleeps; whoever changes a condition that a
+ * sleeper may wait for clears the bit and wakes all.  No FUTEX_WAKE is
+ * issued when no bit is set, so the uncontended paths make no system call.
+ * ====================================================================== */
+#include "internal.h"
+
+/* --------------------------------------------------------------- scanning */
+
+/*
+ * How many slots a scan must look at: the slots' high-water mark, so that
+ * an exclusive acquire costs what the processes ever attached cost, not
+ * max_processes.  The mark is shared memory, so it is clamped to the
+ * validated private max (a corrupt large value costs a full scan, never an
+ * out-of-bounds index).
+ *
+ * Why no announced reader is missed (the Dekker pair of the top comment,
+ * extended by one operation on each side).  A reader in slot i raised the
+ * mark to at least i + 1 (seq_cst, raise_slots_hwm) before its seq_cst
+ * increment of slot.readers or slot.rwait, in program order, so before it
+ * in the single total order S.  A scanner loads the mark (seq_cst) after
+ * its own seq_cst operation on the state word (the claim CAS, the GRANTED
+ * CAS, or arming DRAINERS).  Take a reader that the scan must count: its
+ * seq_cst load of the state word did not see the scanner's operation (else
+ * it backs out or registers for a later phase, and need not be counted), so
+ * it precedes that operation in S.  Then
+ *   raise(i) <S increment <S reader's state load <S scanner's state op
+ *            <S scanner's mark load,
+ * and the mark never falls, so the scanner's load returns at least i + 1:
+ * slot i is scanned, and its load of slot.readers follows the increment in
+ * S, so it sees it.  A slot reused after a death or by a forked child is
+ * below the mark already (attach_slot raises it again, harmlessly).
+ * (Strictly, the raise need only precede the reader's look at the state;
+ * attach_slot puts it before anything the slot can hold.  The model has
+ * both steps, ATTACH_HWM and SCAN_HWM, and catches a raise after the look
+ * and a bound loaded before the claim.)
+ */
+uint32_t scan_limit(shl_lock *h)
+{
+    uint32_t n = atomic_load_explicit(&h->hdr->slots_hwm, memory_order_seq_cst); /* [model:SCAN_HWM] */
+    return n < h->max ? n : h->max;
+}
+
+static uint64_t sum_readers(shl_lock *h)
+{
+    uint64_t n = 0;
+    uint32_t lim = scan_limit(h);
+    for (uint32_t i = 0; i < lim; i++)
+        n += atomic_load_explicit(&h->slots[i].readers, memory_order_seq_cst);
+    return n;
+}
+
+static uint64_t sum_owed(shl_lock *h, uint32_t parity)
+{
+    uint64_t n = 0;
+    uint32_t lim = scan_limit(h);
+    for (uint32_t i = 0; i < lim; i++)
+        n += atomic_load_explicit(&h->slots[i].rwait[parity], memory_order_seq_cst);
+    return n;
+}
+
+/* Clear DRAINERS and wake the drain sleepers, if there are any. */
+static void wake_drainers(shl_lock *h)
+{
+    struct shl_header *hd = h->hdr;
+    /* seq_cst load: in a release this load follows the seq_cst decrement of
+     * slot.readers; with the drainer's "set DRAINERS, then scan" it forms
+     * the Dekker pair that makes a lost drain wake-up impossible. */
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    while (s & ST_DRAINERS) {   /* [model:WAKE_DRAINERS] */
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s & ~ST_DRAINERS,
+                                                  memory_order_seq_cst,
+                                                  memory_order_seq_cst)) {
+            /* Bump after clearing: a drainer that re-arms in between read the
+             * old counter value first, so its futex wait sees the change. */
+            atomic_fetch_add_explicit(&hd->drain_seq, 1, memory_order_seq_cst);
+            futex_wake_all(&hd->drain_seq);
+            return;
+        }
+    }
+}
+
+/* ----------------------------------------------------------- the attempts */
+
+/* Would this attempt wait for an exclusive hold that its own thread owns?
+ * Not for asyncio attempts, where another task of the thread may release. */
+/* held_excl is loaded with acquire before excl_thread: a non-zero value
+ * comes from grant_exclusive's release store (or release_exclusive's
+ * restore), which follows its store of excl_thread, so we see that thread
+ * or a later grantee, never the thread of an older hold.  With both loads
+ * relaxed, arm64 could pair a new grant's held_excl with the previous
+ * holder's excl_thread: a false SHL_EDEADLK for the previous holder. */
+static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
+{
+    return !w->shared_thread &&
+           atomic_load_explicit(&h->held_excl, memory_order_acquire) != 0 &&
+           atomic_load_explicit(&h->excl_thread, memory_order_relaxed) ==
+               (unsigned long)pthread_self();
+}
+
+/* Take back this waiter's owed-reader registrations (one per parity it
+ * registered under), then wake the drainers that may wait for them. */
+static void withdraw_owed(shl_lock *h, shl_waiter *w)
+{
+    struct shl_slot *me = &h->slots[h->self];
+    for (uint32_t p = 0; p < 2; p++)
+        if (w->registered & (1u << p))
+            atomic_fetch_sub_explicit(&me->rwait[p], 1, memory_order_seq_cst); /* [model:WITHDRAW_OWED] */
+    w->registered = 0;
+    wake_drainers(h);
+}
+
+static void wait_on_state(shl_waiter *w, uint32_t s)
+{
+    w->on_drain = 0;
+    w->expect = s;
+}
+
+static int try_read(shl_lock *h, shl_waiter *w)
+{
+    struct shl_slot *me = &h->slots[h->self];
+    /* Announce, then look (reader half of the Dekker pair; see the top). */
+    uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
+    if (__builtin_expect(prev >= SHL_READ_HOLDS_MAX, 0)) {
+        /* Never let the count wrap (a writer would see 0 beside our holds).
+         * Attempts in flight add at most one each, far below 2^31. */
+        if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1)
+            wake_drainers(h);
+        return SHL_EOVERFLOW;
+    }
+    if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0, 1))
+        goto granted;
+    /* Owed reader: the current claim is still waiting for readers, and
+     * either it waits for us (we are registered under the parity it counts,
+     * (epoch - 1) & 1; see drain_for_exclusive) or it came later than the
+     * phase we queued behind.  The first test alone decides liveness: a
+     * claim that waits for us always lets us in, so no epoch value, however
+     * often the 15-bit epoch wrapped during our wait, can make it wait for a
+     * reader that refuses to enter.  The epoch comparison alone could (a
+     * wrap makes a later claim look like ours).  The second test only lets
+     * us in sooner. */
+    if (!(s & (ST_PAUSED | ST_GRANTED)) && w->registered &&
+        ((w->registered & (1u << ((ST_EPOCH(s) - 1u) & 1u))) || ST_EPOCH(s) != w->my_epoch))
+        goto granted;
+
+    if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
+        wake_drainers(h);
+    int32_t o = owner_index(h, s);
+    if (o == -2)
+        return SHL_ECORRUPT;
+    if (o == h->self && excl_is_this_thread(h, w))
+        return SHL_EDEADLK;
+    if (o >= 0 && !w->registered) {
+        /* [model:READ_REGISTER] queue as owed behind the phase of epoch s */
+        w->my_epoch = ST_EPOCH(s);
+        atomic_fetch_add_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
+        w->registered = 1u << (w->my_epoch & 1);
+    } else if (o >= 0 && (s & ST_GRANTED) && !(w->registered & (1u << (ST_EPOCH(s) & 1)))) {
+        /* [model:READ_REQUEUE] A later claim was granted before we got in
+         * (we registered after its claimant counted the owed readers).  Also
+         * register under that claim's epoch, so that the claim after it
+         * waits for us: then we wait through that one phase only.
+         * Add, never move: s may be stale, and the next claim may already
+         * have counted the parity we registered first.  Taking that
+         * registration away would let the claim after it pass us too, a
+         * third phase (the model check found exactly that).  Registrations
+         * only ever added keep the bound at two phases. */
+        w->my_epoch = ST_EPOCH(s);
+        atomic_fetch_add_explicit(&me->rwait[w->my_epoch & 1], 1, memory_order_seq_cst);
+        w->registered |= 1u << (w->my_epoch & 1);
+    }
+    wait_on_state(w, s);
+    return SHL_AGAIN;
+
+granted:
+    if (w->registered)   /* [model:READ_ADMIT_OWED] */
+        withdraw_owed(h, w);
+    atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
+    return SHL_OK;
+}
+
+/* Set DRAINERS (if needed) and return the state seen after it is set. */
+static uint32_t arm_drainers(shl_lock *h)
+{
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    while (!(s & ST_DRAINERS)) {   /* [model:DRAIN_ARM] */
+        if (atomic_compare_exchange_weak_explicit(&h->hdr->state, &s, s | ST_DRAINERS,
+                                                  memory_order_seq_cst, memory_order_seq_cst))
+            return s | ST_DRAINERS;
+    }
+    return s;
+}
+
+static void grant_exclusive(shl_lock *h, shl_waiter *w)
+{
+    w->claimed = 0;   /* from here on it is a hold, not an attempt */
+    /* excl_thread first, then held_excl with release: see excl_is_this_thread. */
+    atomic_store_explicit(&h->excl_thread, (unsigned long)pthread_self(), memory_order_relaxed);
+    atomic_store_explicit(&h->held_excl, w->kind, memory_order_release);
+    atomic_store_explicit(&h->hdr->exclusive_pid, h->pid, memory_order_relaxed);
+}
+
+/* The claimant waits for owed readers, sets GRANTED, then waits for the
+ * readers counted in the slots (see "Phase fairness" at the top). */
+static int drain_for_exclusive(shl_lock *h, shl_waiter *w)
+{
+    struct shl_header *hd = h->hdr;
+    int update = w->kind == SHL_KIND_UPDATE;
+    /* Read the counter before arming and scanning: a reader that leaves
+     * after our scan bumps it, so the futex wait cannot miss that. */
+    uint32_t seq = atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst); /* [model:DRAIN_SEQ] */
+    uint32_t s = arm_drainers(h);
+    for (;;) {
+        if (owner_of(s) != (uint32_t)h->self + 1)
+            return SHL_ECORRUPT;   /* nobody else may clear a live claim */
+        if (s & ST_GRANTED)
+            break;
+        if (!(s & ST_PAUSED) && sum_owed(h, (w->claim_epoch + 1) & 1) > 0) { /* [model:DRAIN_OWED_SCAN] */
+            w->on_drain = 1;
+            w->expect = seq;
+            return SHL_AGAIN;
+        }
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_GRANTED, /* [model:EXCL_GRANT] */
+                                                  memory_order_seq_cst, memory_order_seq_cst)) {
+            s |= ST_GRANTED;
+            break;
+        }
+    }
+    /* GRANTED is set (seq_cst); now count readers once more.  A paused lock
+     * freezes readers in the application, so an update stops waiting. */
+    if ((update && (s & ST_PAUSED)) || sum_readers(h) == 0) {   /* [model:DRAIN_READER_SCAN] */
+        grant_exclusive(h, w);
+        return SHL_OK;
+    }
+    w->on_drain = 1;
+    w->expect = seq;
+    return SHL_AGAIN;
+}
+
+static int try_exclusive(shl_lock *h, shl_waiter *w)
+{
+    struct shl_header *hd = h->hdr;
+    if (!w->claimed) {
+        uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
+        uint32_t ns;
+        for (;;) {
+            int32_t o = owner_index(h, s);
+            if (o == -2)
+                return SHL_ECORRUPT;
+            if (o >= 0) {
+                if (o == h->self && excl_is_this_thread(h, w))
+                    return SHL_EDEADLK;
+                wait_on_state(w, s);
+                return SHL_AGAIN;
+            }
+            ns = ((s & ~ST_SLEEPERS) + ST_EPOCH_ONE) | ((uint32_t)h->self + 1);
+            if (w->kind == SHL_KIND_UPDATE) {
+                ns |= ST_UPDATE;
+                if (s & ST_PAUSED)
+                    ns |= ST_GRANTED;   /* readers are frozen: no drain at all */
+            }
+            /* seq_cst: writer half of the Dekker pair with try_read. */
+            if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                      memory_order_relaxed)) /* [model:EXCL_CLAIM] */
+                break;
+        }
+        /* Owed readers may enter while we drain: wake the sleepers. */
+        if (s & ST_SLEEPERS)
+            futex_wake_all(&hd->state);
+        w->claimed = 1;
+        w->claim_epoch = ST_EPOCH(ns);
+        if (ns & ST_GRANTED) {
+            grant_exclusive(h, w);
+            return SHL_OK;
+        }
+    }
+    return drain_for_exclusive(h, w);
+}
+
+static int try_resume(shl_lock *h, shl_waiter *w)
+{
+    struct shl_header *hd = h->hdr;
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    for (;;) {
+        if (!(s & ST_PAUSED))
+            return SHL_OK;
+        if (s & ST_UPDATE) {
+            int32_t o = owner_index(h, s);
+            if (o == -2)
+                return SHL_ECORRUPT;
+            if (o == h->self && excl_is_this_thread(h, w))
+                return SHL_EDEADLK;
+            wait_on_state(w, s);
+            return SHL_AGAIN;
+        }
+        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                  memory_order_seq_cst)) /* [model:RESUME_CLEAR] */
+            break;
+    }
+    atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
+    if (s & ST_SLEEPERS)
+        futex_wake_all(&hd->state);
+    return SHL_OK;
+}
+
+static int try_wait_resumed(shl_lock *h, shl_waiter *w)
+{
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    if (!(s & ST_PAUSED))
+        return SHL_OK;
+    wait_on_state(w, s);
+    return SHL_AGAIN;
+}
+
+static int try_wait_drained(shl_lock *h, shl_waiter *w)
+{
+    uint32_t seq = atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
+    arm_drainers(h);
+    if (sum_readers(h) == 0)
+        return SHL_OK;
+    w->on_drain = 1;
+    w->expect = seq;
+    return SHL_AGAIN;
+}
+
+int do_try(shl_lock *h, shl_waiter *w)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    switch (w->kind) {
+    case SHL_KIND_READ:     return try_read(h, w);
+    case SHL_KIND_WRITE:
+    case SHL_KIND_UPDATE:   return try_exclusive(h, w);
+    case SHL_KIND_RESUME:   return try_resume(h, w);
+    case SHL_KIND_RESUMED:  return try_wait_resumed(h, w);
+    case SHL_KIND_DRAINED:  return try_wait_drained(h, w);
+    default:                return SHL_EINVAL;
+    }
+}
+
+int shl_try(shl_lock *h, shl_waiter *w)
+{
+    RUN_IN_FLIGHT(h, do_try(h, w));
+}
+
+void do_cancel(shl_lock *h, shl_waiter *w)
+{
+    if (h->self < 0 || atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+                            atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+        return;   /* the registrations belong to a slot this process no longer has */
+    struct shl_header *hd = h->hdr;
+    if (w->registered)   /* [model:CANCEL_REGISTERED] */
+        withdraw_owed(h, w);
+    if (w->claimed) {
+        uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+        while (owner_of(s) == (uint32_t)h->self + 1) {   /* [model:CANCEL_CLAIM] */
+            if (atomic_compare_exchange_weak_explicit(&hd->state, &s,
+                                                      s & ~(ST_CLAIM_BITS | ST_SLEEPERS),
+                                                      memory_order_seq_cst,
+                                                      memory_order_seq_cst)) {
+                if (s & ST_SLEEPERS)
+                    futex_wake_all(&hd->state);
+                break;
+            }
+        }
+        w->claimed = 0;
+    }
+}
+
+void shl_cancel(shl_lock *h, shl_waiter *w)
+{
+    /* A closed handle carries no registration: close refuses while any
+     * attempt of ours is registered or claims. */
+    if (enter(h) != SHL_OK)
+        return;
+    do_cancel(h, w);
+    leave(h);
+}
+
+/* -------------------------------------------------- releases and the pause */
+
+static int do_release_read(shl_lock *h)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    uint32_t n = atomic_load_explicit(&h->held_reads, memory_order_relaxed);
+    do {
+        if (n == 0)
+            return SHL_ENOHOLD;
+    } while (!atomic_compare_exchange_weak_explicit(&h->held_reads, &n, n - 1,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    struct shl_slot *me = &h->slots[h->self];
+    uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
+    do {
+        if (c == 0) {   /* our slot was wiped: only a corrupt segment does that */
+            atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
+            return SHL_ECORRUPT;
+        }
+        /* seq_cst: release half of the drain handshake (see wake_drainers). */
+    } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
+                                                    memory_order_seq_cst, memory_order_relaxed)); /* [model:RELEASE_READ] */
+    if (c == 1)
+        wake_drainers(h);
+    return SHL_OK;
+}
+
+int shl_release_read(shl_lock *h)
+{
+    RUN_IN_FLIGHT(h, do_release_read(h));
+}
+
+static int do_release_exclusive(shl_lock *h, int kind)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    struct shl_header *hd = h->hdr;
+    int32_t k = kind;
+    if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return SHL_ENOHOLD;
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
+    uint32_t kind_bit = kind == SHL_KIND_UPDATE ? ST_UPDATE : 0;
+    if (owner_of(s) != (uint32_t)h->self + 1 || !(s & ST_GRANTED) ||
+        (s & ST_UPDATE) != kind_bit) {
+        atomic_store_explicit(&h->held_excl, kind, memory_order_release);
+        return SHL_ECORRUPT;
+    }
+    /* A completed exclusive section makes the data trustworthy again. */
+    atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
+    atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
+    /* seq_cst (release at least): everything written under the hold is
+     * visible to whoever is admitted next. */
+    while (!atomic_compare_exchange_weak_explicit(&hd->state, &s, s & ~(ST_CLAIM_BITS | ST_SLEEPERS),
+                                                  memory_order_seq_cst, memory_order_relaxed)) {
+    }   /* [model:EXCL_RELEASE] */
+    if (s & ST_SLEEPERS)
+        futex_wake_all(&hd->state);
+    return SHL_OK;
+}
+
+static int release_exclusive(shl_lock *h, int kind)
+{
+    RUN_IN_FLIGHT(h, do_release_exclusive(h, kind));
+}
+
+int shl_release_write(shl_lock *h)  { return release_exclusive(h, SHL_KIND_WRITE); }
+int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDATE); }
+
+int do_pause(shl_lock *h)
+{
+    struct shl_header *hd = h->hdr;
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
+    for (;;) {
+        if (s & ST_PAUSED)
+            return 0;
+        /* seq_cst: pairs with try_read's increment-then-load; a reader whose
+         * load comes later in the total order sees PAUSED. */
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PAUSED,
+                                                  memory_order_seq_cst, memory_order_relaxed)) /* [model:PAUSE_SET] */
+            break;
+    }
+    atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);
+    atomic_store_explicit(&hd->paused_at_ns, real_ns(), memory_order_relaxed);
+    atomic_fetch_add_explicit(&hd->pause_count, 1, memory_order_relaxed);
+    /* An update that waits for readers proceeds under the pause. */
+    wake_drainers(h);
+    return 1;
+}
+
+int shl_pause(shl_lock *h)
+{
+    RUN_IN_FLIGHT(h, do_pause(h));
+}
+
+static int do_is_paused(shl_lock *h)
+{
+    return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
+}
+
+int shl_is_paused(shl_lock *h)
+{
+    RUN_IN_FLIGHT(h, do_is_paused(h));
+}
+
+static int do_is_locked(shl_lock *h)
+{
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    if (owner_index(h, s) == -2)
+        return SHL_ECORRUPT;
+    if (s & ST_GRANTED)
+        return 1;
+    return sum_readers(h) != 0;
+}
+
+int shl_is_locked(shl_lock *h)
+{
+    RUN_IN_FLIGHT(h, do_is_locked(h));
+}

@@ -1,0 +1,493 @@
+/*
+ * segment.c - opening, validating, closing and removing a segment.
+ *
+ * This is the boundary where shared memory is untrusted input.  An existing
+ * segment is trusted only if its owner and mode pass segment_trusted
+ * (docs/DESIGN.md, "Trust model"), checked before it is mapped; then every
+ * size and count in its header is checked against the file size and the
+ * layout before anything is indexed (validate_header), and the validated
+ * max_processes is kept in the private handle: no later index is taken from
+ * the segment unchecked.
+ *
+ * Handles.  A handle (shl_lock) is process-private.  Every entry point
+ * counts itself in h->inflight (enter/leave, internal.h); shl_close refuses
+ * with SHL_EINFLIGHT while a call is in flight or an attempt of this
+ * process is still registered or claims, and a closed handle is never
+ * freed, so a late call through a stale pointer gets SHL_ECLOSED.
+ */
+#include "internal.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+int valid_name(const char *name)
+{
+    size_t n = strnlen(name, SHL_NAME_MAX + 1);
+    if (n == 0 || n > SHL_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+size_t layout_size(uint32_t max)
+{
+    return sizeof(struct shl_header) + (size_t)max * sizeof(struct shl_slot);
+}
+
+/* Check a mapped segment of st_size bytes that is marked ready.  Every size
+ * and count is checked against the file size before anything is indexed.
+ * The file must be exactly the layout's size: shorter would fault (SIGBUS)
+ * past its end, longer is not something any pyshmlock process makes. */
+int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
+{
+    if (hd->magic != SHL_MAGIC)
+        return SHL_EFOREIGN;
+    if (hd->layout_version != SHL_LAYOUT)
+        return SHL_EVERSION;
+    if (hd->header_size != sizeof(struct shl_header) || hd->slot_size != sizeof(struct shl_slot))
+        return SHL_ECORRUPT;
+    uint32_t m = hd->max_processes;
+    if (m < 1 || m > SHL_MAX_PROCESSES_LIMIT)
+        return SHL_ECORRUPT;
+    if (hd->total_size != layout_size(m))
+        return SHL_ECORRUPT;
+    if (st_size != layout_size(m))
+        return SHL_ESIZE;
+    if (owner_of(atomic_load_explicit(&hd->state, memory_order_relaxed)) > m)
+        return SHL_ECORRUPT;
+    *max = m;
+    return SHL_OK;
+}
+
+static void init_segment(struct shl_header *hd, uint32_t max)
+{
+    struct shl_slot *slots = (struct shl_slot *)(hd + 1);
+    hd->magic = SHL_MAGIC;
+    hd->layout_version = SHL_LAYOUT;
+    hd->header_size = sizeof(struct shl_header);
+    hd->slot_size = sizeof(struct shl_slot);
+    hd->max_processes = max;
+    hd->creator_pid = (uint32_t)getpid();
+    hd->total_size = layout_size(max);
+    for (uint32_t i = 0; i < max; i++)
+        init_slot_mutex(&slots[i].owner);
+    /* release: an opener that sees READY (acquire) sees all of the above. */
+    atomic_store_explicit(&hd->ready, SHL_READY, memory_order_release);
+}
+
+/* Map an existing segment and validate it, waiting (bounded) for a creator
+ * that is still initialising it. */
+static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t *max,
+                        uint64_t *expected)
+{
+    int64_t give_up = mono_ns() + OPEN_WAIT_NS;
+    for (;;) {
+        struct stat st;
+        if (fstat(fd, &st) != 0)
+            return SHL_ESYS;
+        /* A creator sets the full size (ftruncate) before it writes a byte:
+         * a non-empty segment shorter than our header is not one of ours. */
+        if (st.st_size > 0 && (size_t)st.st_size < sizeof(struct shl_header))
+            return SHL_EFOREIGN;
+        if ((size_t)st.st_size >= sizeof(struct shl_header)) {
+            size_t len = (size_t)st.st_size;
+            void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (p == MAP_FAILED)
+                return SHL_ESYS;
+            struct shl_header *hd = p;
+            if (atomic_load_explicit(&hd->ready, memory_order_acquire) == SHL_READY) {
+                int r = validate_header(hd, len, max);
+                if (r != SHL_OK) {
+                    if (r == SHL_ESIZE)
+                        *expected = hd->total_size;
+                    *size = len;
+                    munmap(p, len);
+                    return r;
+                }
+                *out = hd;
+                *size = len;
+                return SHL_OK;
+            }
+            int foreign = hd->magic != 0 && hd->magic != SHL_MAGIC;
+            munmap(p, len);
+            if (foreign)
+                return SHL_EFOREIGN;
+        }
+        if (mono_ns() > give_up)
+            return SHL_EINIT;
+        struct timespec pause_ts = {0, 1000000};
+        nanosleep(&pause_ts, NULL);
+    }
+}
+
+/*
+ * May this process use the existing segment behind st?  (docs/DESIGN.md,
+ * "Trust model".)  Everyone who can write the segment can make this process
+ * hang or crash, and through the robust-list pointers glibc keeps in a held
+ * slot mutex, write to this process's memory.  So the segment must be owned
+ * by our effective uid, or, by explicit opt-in, belong to `group`; and it
+ * may grant group/other write only where `mode` does.  Checked on the open
+ * file (fstat), so a later rename cannot swap what was checked; only the
+ * owner (trusted by these rules) or root can chmod/chown it afterwards.
+ */
+static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
+{
+    int ours = st->st_uid == geteuid();
+    int by_group = group >= 0 && (int64_t)st->st_gid == group;
+    if (!ours && !by_group)
+        return 0;
+    /* With the opt-in, a group that may write must be that group. */
+    if (group >= 0 && !by_group && (st->st_mode & 0020))
+        return 0;
+    return ((uint32_t)st->st_mode & 0022u & ~mode) == 0;
+}
+
+static void fill_info(shl_open_info *info, const struct stat *st)
+{
+    info->uid = (uint32_t)st->st_uid;
+    info->gid = (uint32_t)st->st_gid;
+    info->mode = (uint32_t)st->st_mode & 07777u;
+    info->dev = (uint64_t)st->st_dev;
+    info->ino = (uint64_t)st->st_ino;
+    info->size = (uint64_t)st->st_size;
+}
+
+/* Open "/pyshmlock.<name>" (path), creating it when `create` allows and
+ * nobody has; *created says which.  Retries the race with an unlink between
+ * our two opens.  Returns the fd, or -1 with errno set. */
+static int open_name(const char *path, int create, uint32_t mode, int *created)
+{
+    int fd = -1;
+    *created = 0;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+        if (create) {
+            fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode & 0777);
+            if (fd >= 0) {
+                *created = 1;
+                return fd;
+            }
+            if (errno != EEXIST)
+                return -1;
+        }
+        fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0 && (errno != ENOENT || !create))
+            return -1;   /* ENOENT without create: FileNotFoundError */
+        /* ENOENT with create: it was unlinked between our two opens; retry. */
+    }
+    return fd;
+}
+
+/* Give a segment we just created its group, mode and size, map it and
+ * initialise it.  On failure the name is removed again. */
+static int create_segment(int fd, const char *path, uint32_t mode, int64_t group,
+                          uint32_t max, struct shl_header **out, size_t *size)
+{
+    int r = SHL_OK;
+    *size = layout_size(max);
+    /* The group first (fchown may clear mode bits), then the exact mode:
+     * shm_open applied the umask, and `mode` is what the caller asked. */
+    if ((group >= 0 && fchown(fd, (uid_t)-1, (gid_t)group) != 0) ||
+        fchmod(fd, mode & 0777) != 0 || ftruncate(fd, (off_t)*size) != 0) {
+        r = SHL_ESYS;
+    } else {
+        void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            r = SHL_ESYS;
+        } else {
+            *out = p;
+            init_segment(*out, max);
+        }
+    }
+    if (r != SHL_OK) {
+        int e = errno;
+        shm_unlink(path);
+        errno = e;
+    }
+    return r;
+}
+
+/* Check that an existing segment may be trusted, then map and validate it
+ * (the untrusted-input boundary: nothing of it is read before this). */
+static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *info,
+                         struct shl_header **out, size_t *size, uint32_t *max)
+{
+    struct stat st;
+    uint64_t expected = 0;
+    if (fstat(fd, &st) != 0)
+        return SHL_ESYS;
+    fill_info(info, &st);
+    if (!segment_trusted(&st, mode, group))
+        return SHL_EPERM;   /* never mapped: nothing of it reaches glibc */
+    int r = map_existing(fd, out, size, max, &expected);
+    if (r == SHL_ESIZE) {
+        info->size = *size;
+        info->expected_size = expected;
+    }
+    return r;
+}
+
+/* Make the handle for a mapped, validated segment: take a slot, apply a
+ * lease that has already passed, and publish it on g_handles. */
+static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const struct stat *st,
+                      shl_lock **out)
+{
+    shl_lock *h = calloc(1, sizeof *h);
+    if (!h) {
+        errno = ENOMEM;
+        return SHL_ESYS;
+    }
+    h->hdr = hd;
+    h->slots = (struct shl_slot *)(hd + 1);
+    h->map_size = size;
+    h->max = max;
+    h->self = -1;
+    h->dev = (uint64_t)st->st_dev;
+    h->ino = (uint64_t)st->st_ino;
+    int r = ensure_attached(h);
+    if (r != SHL_OK) {
+        free(h);
+        return r;
+    }
+    /* A segment whose host lease has already passed (its host's agent died
+     * with every process) is paused before this open returns, so the caller
+     * can admit nothing.  The handle is not published yet: no enter(). */
+    lease_check(h);
+    /* Publish for after_fork_in_child and the watchdog; release: a forked
+     * child and the watchdog walk a fully written entry. */
+    h->next_handle = atomic_load_explicit(&g_handles, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&g_handles, &h->next_handle, h,
+                                                  memory_order_release, memory_order_relaxed)) {
+    }
+    wd_kick();
+    *out = h;
+    return SHL_OK;
+}
+
+int shl_open(const char *name, int create, uint32_t mode, int64_t group,
+             uint32_t max_processes, shl_lock **out, shl_open_info *info)
+{
+    char path[SHL_NAME_MAX + 32];
+    *out = NULL;
+    memset(info, 0, sizeof *info);
+    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1)
+        return SHL_EINVAL;
+    if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
+        return SHL_EINVAL;
+    core_init();
+    snprintf(path, sizeof path, "/pyshmlock.%s", name);
+
+    int created;
+    int fd = open_name(path, create, mode, &created);
+    if (fd < 0)
+        return SHL_ESYS;
+    struct shl_header *hd = NULL;
+    size_t size = 0;
+    uint32_t max = max_processes;
+    struct stat st;
+    int r = created ? create_segment(fd, path, mode, group, max_processes, &hd, &size)
+                    : open_existing(fd, mode, group, info, &hd, &size, &max);
+    if (r == SHL_OK && fstat(fd, &st) != 0)
+        r = SHL_ESYS;
+    int e = errno;
+    close(fd);
+    errno = e;
+    if (r == SHL_OK) {
+        fill_info(info, &st);
+        info->created = created;
+        r = new_handle(hd, size, max, &st, out);
+    }
+    if (r != SHL_OK && hd)
+        munmap(hd, size);
+    return r;
+}
+
+int shl_close(shl_lock *h)
+{
+    if (h == NULL)
+        return SHL_ECLOSED;
+    /* Take the handle from 0 calls in flight to H_CLOSING, or refuse (see
+     * enter()).  acquire: every finished call's accesses to the mapping
+     * happen before the checks and the munmap below. */
+    uint32_t n = 0;
+    while (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
+                                                    memory_order_acquire, memory_order_relaxed)) {
+        if (n != H_SWEEP)
+            return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
+        /* Only the lease watchdog is looking (lease_sweep): it never waits
+         * for anything, so wait it out rather than refuse. */
+        sched_yield();
+        n = 0;
+    }
+    int ours = h->self >= 0 &&
+               atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
+                   atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+    int r = SHL_OK;
+    if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
+                 atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0)) {
+        r = SHL_EBUSY;
+    } else if (ours) {
+        /* An attempt parked outside the core (asyncio) may still be queued
+         * as an owed reader or claim the lock: freeing the slot would leave
+         * a claim or registration that names a slot nobody owns. */
+        struct shl_slot *me = &h->slots[h->self];
+        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_seq_cst)) ==
+                (uint32_t)h->self + 1 ||
+            atomic_load_explicit(&me->rwait[0], memory_order_seq_cst) != 0 ||
+            atomic_load_explicit(&me->rwait[1], memory_order_seq_cst) != 0)
+            r = SHL_EINFLIGHT;
+    }
+    if (r != SHL_OK) {
+        /* open again (release: our loads above stay before any new call) */
+        atomic_fetch_and_explicit(&h->inflight, ~H_CLOSING, memory_order_release);
+        return r;
+    }
+    /* H_CLOSING -> H_CLOSED in one RMW (bit 30 + bit 30 carries into bit 31),
+     * keeping the transient counts of callers that are backing out. */
+    atomic_fetch_add_explicit(&h->inflight, H_CLOSED - H_CLOSING, memory_order_relaxed);
+    if (ours) {
+        struct shl_slot *me = &h->slots[h->self];
+        atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
+        keeper_call(KEEP_UNLOCK, &me->owner);
+    }
+    munmap(h->hdr, h->map_size);
+    /* The handle itself is never freed nor reused: another thread may have
+     * loaded the pointer before close() and call in later (cffi drops the
+     * GIL before the C function runs); it then finds H_CLOSED.  Recycling
+     * the memory would let such a call act on another lock (ABA).  The
+     * cost is sizeof(shl_lock) bytes per close for the life of the
+     * process. */
+    h->hdr = NULL;
+    h->slots = NULL;
+    h->self = -1;
+    return SHL_OK;
+}
+
+/* Count the live processes attached to the mapped segment (dev/ino),
+ * other than this process's own attachments; reclaims dead ones. */
+static uint32_t count_others(struct shl_header *hd, uint32_t max, uint64_t dev, uint64_t ino)
+{
+    shl_lock probe;
+    memset(&probe, 0, sizeof probe);
+    probe.hdr = hd;
+    probe.slots = (struct shl_slot *)(hd + 1);
+    probe.max = max;
+    probe.self = -1;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < max; i++) {
+        /* Ours by attachment (a slot our keepers hold), never by pid: two
+         * PID namespaces can both have a process with our pid. */
+        if (own_attachment(dev, ino, i))
+            continue;
+        if (probe_slot(&probe, i))
+            n++;
+    }
+    return n;
+}
+
+/*
+ * Remove the name "/pyshmlock.<name>" only if it still names the segment
+ * `probed` (dev/ino).  The name is renamed atomically to a private name,
+ * which makes what it named ours to check: the same segment is unlinked;
+ * another one (the lock was removed and created anew meanwhile) is renamed
+ * back.  Returns 0 removed, 1 the name named another segment (look again),
+ * or SHL_ESYS.
+ *
+ * Left: a process that creates the lock anew during the microseconds the
+ * name is away ends up alone on a removed segment, as any creator racing an
+ * unlink does.  A crash between the renames leaves a file
+ * "/dev/shm/.pyshmlock-unlink.*" behind (and the lock's name missing).
+ */
+static int unlink_exactly(const char *name, const struct stat *probed)
+{
+    static _Atomic uint32_t seq;
+    char path[SHL_NAME_MAX + 64], tmp[96];
+    snprintf(path, sizeof path, "/dev/shm/pyshmlock.%s", name);
+    int moved = -1;
+    for (int k = 0; k < 8 && moved != 0; k++) {
+        snprintf(tmp, sizeof tmp, "/dev/shm/.pyshmlock-unlink.%d.%u.%llu", (int)getpid(),
+                 atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed),
+                 (unsigned long long)real_ns());
+        moved = renameat2(AT_FDCWD, path, AT_FDCWD, tmp, RENAME_NOREPLACE);
+        if (moved != 0 && (errno == EINVAL || errno == ENOSYS)) {
+            /* No RENAME_NOREPLACE here: check the name, then remove it (a
+             * window of a few instructions between the two is left). */
+            struct stat cur;
+            if (stat(path, &cur) != 0)
+                return SHL_ESYS;
+            if (cur.st_dev != probed->st_dev || cur.st_ino != probed->st_ino)
+                return 1;
+            return unlink(path) == 0 ? 0 : SHL_ESYS;
+        }
+        if (moved != 0 && errno != EEXIST)
+            return SHL_ESYS;   /* ENOENT: removed meanwhile (FileNotFoundError) */
+    }
+    if (moved != 0)
+        return SHL_ESYS;
+    struct stat now;
+    if (stat(tmp, &now) != 0)
+        return SHL_ESYS;
+    if (now.st_dev == probed->st_dev && now.st_ino == probed->st_ino)
+        return unlink(tmp) == 0 ? 0 : SHL_ESYS;
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+        return 1;
+    if (errno != EEXIST)
+        return SHL_ESYS;
+    /* A creator found the name free while it was renamed away and made a
+     * new lock: swap the segment we moved back in, then remove the new one.
+     * Its creator is left alone on it, as any creator racing an unlink is. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_EXCHANGE) != 0 || unlink(tmp) != 0)
+        return SHL_ESYS;
+    return 1;
+}
+
+int shl_unlink(const char *name, int force, uint32_t *attached)
+{
+    char path[SHL_NAME_MAX + 32];
+    *attached = 0;
+    if (!valid_name(name))
+        return SHL_EINVAL;
+    core_init();
+    snprintf(path, sizeof path, "/pyshmlock.%s", name);
+    if (force)   /* remove whatever the name names, without looking inside */
+        return shm_unlink(path) == 0 ? SHL_OK : SHL_ESYS;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        int fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0)
+            return SHL_ESYS;
+        struct stat st;
+        struct shl_header *hd = NULL;
+        size_t size = 0;
+        uint32_t max = 0;
+        uint64_t expected = 0;
+        int r = SHL_OK;
+        if (fstat(fd, &st) != 0)
+            r = SHL_ESYS;
+        else if (st.st_uid != geteuid())
+            r = SHL_EPERM;   /* probing locks its mutexes: only our own segments */
+        else
+            r = map_existing(fd, &hd, &size, &max, &expected);
+        int e = errno;
+        close(fd);
+        errno = e;
+        if (r != SHL_OK)
+            return r;
+        *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+        munmap(hd, size);
+        if (*attached)
+            return SHL_EBUSY;
+        r = unlink_exactly(name, &st);
+        if (r <= 0)
+            return r;
+        /* The name was given to another segment meanwhile: look at that one. */
+    }
+    errno = EAGAIN;
+    return SHL_ESYS;
+}

@@ -1,0 +1,313 @@
+/*
+ * slots.c - the per-process slots of a segment: taking one, probing a
+ * slot's owner for death, reclaiming everything a dead process held, and
+ * resetting a pause left by processes that are all gone.
+ *
+ * A slot is owned by a process exactly while that process's keeper
+ * (process.c) holds the slot's robust mutex, so probe_slot's trylock is the
+ * death test: EBUSY alive, EOWNERDEAD dead (reclaim, then free the slot).
+ * Reclaiming (recover_slot) is idempotent and always wakes everyone: the
+ * dead process may have died between changing a word and the wake-up it
+ * owed.  A waiter also always watches the slot the state word names as
+ * owner, even a free one, and reclaims a free slot that is named or holds
+ * leftovers (wait.c).
+ *
+ * Untrusted input: a slot's mutex is shared memory that glibc would act on,
+ * so no pthread call touches one before slot_mutex_sane approves it; slot
+ * indices come from the validated private max, never from the segment.
+ */
+#include "internal.h"
+
+#include <sys/stat.h>
+
+/* ------------------------------------------------ glibc-private mutex fields */
+
+/*
+ * The core reads two fields of glibc's pthread_mutex_t that are not part of
+ * any API: __data.__kind (slot_mutex_sane: is this a mutex of our kind?)
+ * and __data.__lock (mutex_word: the robust-futex word, which the kernel's
+ * robust-futex ABI defines: the owner's TID, FUTEX_WAITERS and
+ * FUTEX_OWNER_DIED).  This is the only place that names them, and the
+ * assertions below stop the build if glibc's layout ever moves them, as
+ * glibc guards its own offsets.  On another libc (musl) neither is
+ * compiled: every mutex counts as sane, a waiter has no death watch and
+ * probes every NO_WAITV_PROBE_NS instead, and an observer calls every
+ * owner alive (docs/DESIGN.md, "Map").
+ */
+#ifdef __GLIBC__
+_Static_assert(offsetof(pthread_mutex_t, __data.__lock) == 0,
+               "the robust-futex word is the first word of a glibc mutex");
+_Static_assert(sizeof(((pthread_mutex_t *)0)->__data.__lock) == sizeof(uint32_t),
+               "the robust-futex word is 32 bits");
+_Static_assert(sizeof(((pthread_mutex_t *)0)->__data.__kind) == sizeof(int),
+               "glibc's mutex kind is an int");
+_Static_assert(offsetof(pthread_mutex_t, __data.__kind) + sizeof(int) <= sizeof(pthread_mutex_t),
+               "glibc's mutex kind lies inside the mutex");
+
+uint32_t *mutex_word(pthread_mutex_t *m) { return (uint32_t *)&m->__data.__lock; }
+#endif
+
+/*
+ * The slot mutexes live in shared memory, so glibc would act on whatever
+ * bytes are there.  Before any pthread call touches one, check that it is a
+ * mutex of the kind we create (robust, process-shared), by comparing glibc's
+ * kind field with that of a reference mutex initialised here.  A foreign or
+ * corrupted mutex makes the slot count as corrupt instead of reaching glibc.
+ * (A malicious peer with write access can still corrupt a mutex while it is
+ * held; see docs/DESIGN.md, "Shared memory is untrusted".)
+ */
+int slot_mutex_sane(const pthread_mutex_t *m)
+{
+#ifdef __GLIBC__
+    static int want = -1;
+    if (want == -1) {
+        pthread_mutex_t ref;
+        init_slot_mutex(&ref);
+        want = ref.__data.__kind;
+        pthread_mutex_destroy(&ref);
+    }
+    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == want;
+#else
+    (void)m;
+    return 1;
+#endif
+}
+
+/* ------------------------------------------------------- slots and recovery */
+
+void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
+                     uint32_t reads, uint32_t owed)
+{
+    struct shl_header *hd = h->hdr;
+    /* The index comes from a shared counter: reduce it modulo the log size
+     * before use, whatever value the segment holds. */
+    uint32_t n = atomic_fetch_add_explicit(&hd->recovery_count, 1, memory_order_relaxed);
+    struct shl_recovery_entry *e = &hd->recoveries[n % SHL_RECOVERY_LOG];
+    __atomic_store_n(&e->pid, pid, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->what, what, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->reads, reads, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->owed, owed, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->when_ns, real_ns(), __ATOMIC_RELAXED);
+}
+
+/*
+ * Reclaim everything slot i holds.  The caller owns slot i's mutex (it got
+ * EOWNERDEAD, or found the mutex free), so the slot's owner is gone and no
+ * process can take the slot until the caller unlocks it.  Idempotent: a
+ * recoverer that itself dies leaves the mutex OWNER_DIED again, and the next
+ * prober repeats the work.
+ */
+static void recover_slot(shl_lock *h, uint32_t i)
+{
+    struct shl_header *hd = h->hdr;
+    struct shl_slot *sl = &h->slots[i];
+    uint32_t pid = atomic_load_explicit(&sl->pid, memory_order_relaxed);
+    uint32_t reads = atomic_exchange_explicit(&sl->readers, 0, memory_order_seq_cst); /* [model:RECOVER_READS] */
+    uint32_t owed = atomic_exchange_explicit(&sl->rwait[0], 0, memory_order_seq_cst); /* [model:RECOVER_OWED] */
+    owed += atomic_exchange_explicit(&sl->rwait[1], 0, memory_order_seq_cst);
+    atomic_store_explicit(&sl->waiting, 0, memory_order_relaxed);
+    uint32_t what = 0;
+
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    while (owner_of(s) == i + 1) {   /* [model:RECOVER_CLAIM] */
+        uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
+        if (s & ST_GRANTED)
+            /* Mark suspect before the hold is released, so that whoever is
+             * granted next already sees the mark. */
+            atomic_fetch_or_explicit(&hd->flags, FLAG_DATA_SUSPECT, memory_order_relaxed);
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                  memory_order_seq_cst)) {
+            if (!(s & ST_GRANTED))
+                what |= SHL_LOST_CLAIM;
+            else
+                what |= (s & ST_UPDATE) ? SHL_LOST_UPDATE : SHL_LOST_WRITE;
+            atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
+            break;
+        }
+    }
+    if (reads) what |= SHL_LOST_READS;
+    if (owed) what |= SHL_LOST_WAITERS;
+    if (what)
+        record_recovery(h, pid, what, reads, owed);
+    /* [model:RECOVER_WAKE] Wake everyone on both words, whatever the bits
+     * say: the dead process may have died between a CAS that cleared a
+     * sleeper bit and the FUTEX_WAKE it owed. */
+    atomic_fetch_and_explicit(&hd->state, ~(ST_SLEEPERS | ST_DRAINERS), memory_order_seq_cst);
+    atomic_fetch_add_explicit(&hd->drain_seq, 1, memory_order_seq_cst);
+    futex_wake_all(&hd->state);
+    futex_wake_all(&hd->drain_seq);
+    atomic_store_explicit(&sl->pid, 0, memory_order_relaxed);
+}
+
+int slot_is_clean(const struct shl_slot *sl)
+{
+    return atomic_load_explicit(&sl->readers, memory_order_relaxed) == 0 &&
+           atomic_load_explicit(&sl->rwait[0], memory_order_relaxed) == 0 &&
+           atomic_load_explicit(&sl->rwait[1], memory_order_relaxed) == 0;
+}
+
+void init_slot_mutex(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+/* Is slot i owned by a live process?  Reclaims it if its owner is dead (or
+ * if it is free but holds leftovers).  Returns 1 alive, 0 not. */
+int probe_slot(shl_lock *h, uint32_t i)
+{
+    if ((int32_t)i == h->self)
+        return 1;
+    struct shl_slot *sl = &h->slots[i];
+    if (!slot_mutex_sane(&sl->owner))
+        return 1;   /* corrupt: never reclaimed, never handed to glibc */
+    int r = pthread_mutex_trylock(&sl->owner);   /* [model:PROBE] */
+    if (r == EBUSY)
+        return 1;
+    if (r == EOWNERDEAD) {
+        recover_slot(h, i);
+        pthread_mutex_consistent(&sl->owner);
+        pthread_mutex_unlock(&sl->owner);
+        return 0;
+    }
+    if (r == 0) {
+        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1 ||
+            !slot_is_clean(sl))
+            recover_slot(h, i);
+        pthread_mutex_unlock(&sl->owner);
+        return 0;
+    }
+    if (r == ENOTRECOVERABLE) {
+        /* Only reachable if someone unlocked an OWNER_DIED mutex without
+         * reclaiming it; the mutex is useless, so re-create it. */
+        recover_slot(h, i);
+        init_slot_mutex(&sl->owner);
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * Raise the slots' high-water mark to cover slot i (a fetch-max by CAS).
+ * attach_slot calls it once it owns slot i and before the slot can hold
+ * anything of ours: before its pid is published and before any read or
+ * owed registration in it (those need h->self, set after this).  See
+ * scan_limit for why that order makes the bounded scans exact.
+ *
+ * When the mark already covers i no store is needed: the seq_cst load read
+ * a value that an earlier raise (earlier in the single total order) wrote,
+ * and the mark never falls, so every later seq_cst load of it sees at least
+ * i + 1 just as if we had raised it ourselves.
+ */
+static void raise_slots_hwm(shl_lock *h, uint32_t i)
+{
+    uint32_t want = i + 1;
+    uint32_t cur = atomic_load_explicit(&h->hdr->slots_hwm, memory_order_seq_cst);
+    while (cur < want &&   /* [model:ATTACH_HWM] */
+           !atomic_compare_exchange_weak_explicit(&h->hdr->slots_hwm, &cur, want,
+                                                  memory_order_seq_cst, memory_order_seq_cst))
+        ;
+}
+
+/* Take a free slot (or a dead process's, after reclaiming it). */
+int attach_slot(shl_lock *h)
+{
+    for (uint32_t i = 0; i < h->max; i++) {
+        struct shl_slot *sl = &h->slots[i];
+        if (!slot_mutex_sane(&sl->owner))
+            return SHL_ECORRUPT;
+        int r = keeper_request(KEEP_TRYLOCK, &sl->owner, h->dev, h->ino, i);
+        if (r < 0)
+            return SHL_ESYS;
+        if (r == EOWNERDEAD || (r == 0 && !slot_is_clean(sl)))
+            recover_slot(h, i);
+        else if (r != 0)
+            continue;    /* EBUSY: a live process owns it */
+        raise_slots_hwm(h, i);
+        /* A dead owner may also have held the exclusive claim. */
+        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1)
+            recover_slot(h, i);
+        h->pid = (uint32_t)getpid();   /* a forked child re-attaches: fresh pid */
+        atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
+        atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
+        atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
+        h->self = (int32_t)i;
+        atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
+                              memory_order_release);
+        return SHL_OK;
+    }
+    return SHL_EFULL;
+}
+
+/* --------------------------------------------------------- stale pauses */
+
+/* How often the reset re-scans after the state word changed under it before
+ * it gives up (and keeps the pause): a word that keeps changing means live
+ * processes are using the lock, so it is not stale. */
+#define STALE_RETRIES 16
+
+static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    struct shl_header *hd = h->hdr;
+    for (int attempt = 0; attempt < STALE_RETRIES; attempt++) {
+        /* seq_cst: the word is read before the scan below; the CAS at the end
+         * compares against exactly this value. */
+        uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+        if (!(s & ST_PAUSED))
+            return 0;
+        int32_t o = owner_index(h, s);
+        if (o == -2)
+            return SHL_ECORRUPT;
+        /* An update claim pins the pause (invariant 4).  The scan below
+         * skips our own slot, so our own update claim is checked here. */
+        if (o == h->self && (s & ST_UPDATE))
+            return 0;
+        /* Only the pause the caller judged stale is cleared: a pause recorded
+         * under another pid (or none yet: a pause() between its CAS and its
+         * pid store) is a fresh one. */
+        if (atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed) != dead_pauser ||
+            dead_pauser == 0)
+            return 0;
+        /* A segment with a host lease armed is under its cluster agent's
+         * control: a restarted host stays paused (fail closed) until its
+         * agent has mirrored the cluster, whoever paused it and whoever
+         * died.  relaxed: an agent that arms the lease later is attached
+         * and alive (the scan below sees it), and if a reset still wins a
+         * race with it, an expired lease is paused again by the watchdog. */
+        if (atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) != 0)
+            return 0;
+        /* Any other live process: not stale.  Probing reclaims dead slots
+         * (their reads, owed registrations and claims), which changes the
+         * word and so makes the CAS below fail once and the loop rescan. */
+        for (uint32_t i = 0; i < h->max; i++)
+            if ((int32_t)i != h->self && probe_slot(h, i))
+                return 0;
+        /* An update claim pins the pause; a live claimant was seen above, a
+         * dead one was reclaimed (and changed the word). */
+        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
+        if (atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                    memory_order_seq_cst)) {
+            atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
+            record_recovery(h, dead_pauser, SHL_LOST_PAUSE, 0, 0);
+            /* A process that attached after our scan may already sleep for
+             * the resume: it set SLEEPERS, which would have failed our CAS,
+             * so only a sleeper bit we saw can be pending; wake it anyway. */
+            if (s & ST_SLEEPERS)
+                futex_wake_all(&hd->state);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int shl_reset_stale(shl_lock *h, uint32_t dead_pauser)
+{
+    RUN_IN_FLIGHT(h, do_reset_stale(h, dead_pauser));
+}

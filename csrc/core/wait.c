@@ -1,0 +1,262 @@
+/*
+ * wait.c - sleeping.  A waiter sleeps on the word its attempt decided on
+ * (the state word, or the drain counter while a claim waits for readers)
+ * and, through futex_waitv, on the robust-mutex words of the processes it
+ * may be waiting for, so a death wakes it at once; it then probes and
+ * reclaims the dead slot (slots.c), which wakes everyone else.  The
+ * blocking calls are here too: try (protocol.c), sleep, retry.
+ *
+ * A waiter sets SLEEPERS (arm_sleepers) or DRAINERS (protocol.c) before it
+ * sleeps, and whoever changes a condition a sleeper may wait for clears the
+ * bit and wakes all; the futex compares the value the decision was made on,
+ * so a change in between makes the sleep return at once.  Sleeps are capped
+ * by a safety net (SAFETY_NET_NS) that re-probes: a process that attached
+ * after the watch set was taken is noticed within it.
+ */
+#include "internal.h"
+
+/* Cleared for good the first time futex_waitv (Linux 5.16) is missing. */
+static _Atomic int g_have_waitv = 1;
+
+#ifdef __GLIBC__
+/* Fill v with a watch on slot i's death.  Returns 0 if armed, 1 if the
+ * owner is already gone (probe instead of sleeping), 2 if the slot's mutex
+ * is not one of ours (skip it). */
+static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
+{
+    if (!slot_mutex_sane(&h->slots[i].owner))
+        return 2;   /* corrupt: watch nothing there (probing skips it too) */
+    /* The kernel's robust-futex ABI puts the owner's TID in this word and
+     * sets FUTEX_OWNER_DIED when the owner dies, waking one waiter if
+     * FUTEX_WAITERS is set.  We set that bit so a death wakes us. */
+    uint32_t *word = mutex_word(&h->slots[i].owner);
+    uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+    if ((cur & FUTEX_TID_MASK) == 0 || (cur & FUTEX_OWNER_DIED))   /* [model:DEATH_WATCH] */
+        return 1;
+    if (!(cur & FUTEX_WAITERS)) {
+        uint32_t want = cur | FUTEX_WAITERS;
+        if (!__atomic_compare_exchange_n(word, &cur, want, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return 1;   /* changed under us: just probe */
+        cur = want;
+    }
+    v->val = cur;
+    v->uaddr = (uintptr_t)word;
+    v->flags = FUTEX_32;
+    v->__reserved = 0;
+    return 0;
+}
+#endif
+
+
+/*
+ * A sleeper watches every other attached process, not only the one it waits
+ * for: any process may die between changing a word and its FUTEX_WAKE (a
+ * releaser after its CAS, a reader after its last decrement), and then the
+ * kernel's OWNER_DIED wake-up on that process's mutex is the only wake-up
+ * left.  The woken watcher reclaims the slot, and reclaiming always wakes
+ * everyone (recover_slot).  Up to FUTEX_WAITV_MAX - 2 processes are watched;
+ * beyond that the safety net covers the rest.
+ */
+int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
+{
+    int n = 0;
+    /* [model:WATCH_OWNER] The slot the state word names as exclusive owner
+     * comes first, free or not, so the cap never drops it.  A claim or hold
+     * naming a free slot (its owner detached, or a corrupt word) is then
+     * probed at once (its mutex word has no owner) and reclaimed by
+     * probe_slot: no claim can name a slot that nobody watches. */
+    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_relaxed));
+    if (o >= 0 && o != h->self && n < cap)
+        watch[n++] = o;
+    /* Slots at or above the high-water mark were never attached, so they
+     * have no owner to watch and no leftovers (a process that attaches
+     * after this scan is missed either way, as without the bound: the
+     * safety net covers it).  The owner slot above is watched whatever the
+     * mark says. */
+    uint32_t lim = scan_limit(h);
+    for (uint32_t i = 0; i < lim && n < cap; i++)
+        if ((int32_t)i != h->self && (int32_t)i != o &&
+            (atomic_load_explicit(&h->slots[i].pid, memory_order_relaxed) != 0 ||
+             !slot_is_clean(&h->slots[i])))
+            watch[n++] = (int32_t)i;
+    return n;
+}
+
+/*
+ * One futex_waitv sleep on the words and the watched processes' mutex
+ * words (glibc only: the death watch needs the mutex word).  Returns the
+ * outcome (0 or EINTR, or ETIMEDOUT with *probe set for the safety net) or
+ * -1 when futex_waitv is not there (then g_have_waitv is cleared and the
+ * caller sleeps without it).
+ */
+static int sleep_waitv(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
+                       int nwords, const int32_t *watch, int nwatch, int64_t until, int *probe)
+{
+#ifdef __GLIBC__
+    struct futex_waitv v[FUTEX_WAITV_MAX];
+    int n = 0, gone = 0;
+    for (int k = 0; k < nwords; k++) {
+        v[n].val = vals[k];
+        v[n].uaddr = (uintptr_t)words[k];
+        v[n].flags = FUTEX_32;
+        v[n].__reserved = 0;
+        n++;
+    }
+    for (int k = 0; k < nwatch && !gone && n < FUTEX_WAITV_MAX; k++) {
+        int a = arm_death_watch(h, (uint32_t)watch[k], &v[n]);
+        if (a == 0)
+            n++;
+        gone = a == 1;
+    }
+    if (gone) {
+        *probe = 1;
+        return 0;
+    }
+    struct timespec ts;
+    ns_to_timespec(until, &ts);
+    long rc = syscall(SYS_futex_waitv, v, (unsigned)n, 0, &ts, CLOCK_MONOTONIC); /* [model:FUTEX_WAIT] */
+    if (rc >= 0) {
+        *probe = rc >= nwords;   /* a death word, not one of ours */
+        return 0;
+    }
+    if (errno == ENOSYS) {
+        atomic_store_explicit(&g_have_waitv, 0, memory_order_relaxed);
+        return -1;
+    }
+    if (errno == EAGAIN)
+        return 0;                /* a value had already changed */
+    if (errno == EINTR)
+        return EINTR;
+    *probe = 1;                  /* ETIMEDOUT: the safety net */
+    return ETIMEDOUT;
+#else
+    (void)h; (void)words; (void)vals; (void)nwords; (void)watch; (void)nwatch;
+    (void)until; (void)probe;
+    atomic_store_explicit(&g_have_waitv, 0, memory_order_relaxed);
+    return -1;
+#endif
+}
+
+/*
+ * Sleep while each words[k] still holds vals[k] and every watched process
+ * lives, until deadline (-1: forever; capped by the safety net).  Probes the
+ * watched processes when one of them changed or the safety net expired, so a
+ * dead one is reclaimed (which changes the words and wakes everyone else).
+ * Returns 0 (something may have changed), ETIMEDOUT (safety net or
+ * deadline, nothing seen) or EINTR.
+ */
+int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
+                    int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns)
+{
+    int64_t until = mono_ns() + (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)
+                                     ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
+    if (deadline_ns >= 0 && deadline_ns < until)
+        until = deadline_ns;
+    struct shl_slot *me = &h->slots[h->self];
+    atomic_fetch_add_explicit(&me->waiting, 1, memory_order_relaxed);
+    int probe = 0;
+    int outcome = -1;
+    if (atomic_load_explicit(&g_have_waitv, memory_order_relaxed))
+        outcome = sleep_waitv(h, words, vals, nwords, watch, nwatch, until, &probe);
+    if (outcome < 0) {
+        /* Without futex_waitv: sleep on the first word only, probing often. */
+        int64_t cap = mono_ns() + NO_WAITV_PROBE_NS;
+        outcome = futex_wait_until(words[0], vals[0], until < cap ? until : cap);
+        probe = outcome == ETIMEDOUT;
+    }
+    atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_relaxed);
+    if (probe)
+        for (int k = 0; k < nwatch; k++)
+            probe_slot(h, (uint32_t)watch[k]);
+    return outcome;
+}
+
+/* Set SLEEPERS on the state word if it still holds the value `val` the
+ * waiter decided on, ignoring the two sleeper bits (no condition depends on
+ * them: a writer arming DRAINERS must not send every sleeping reader round
+ * its loop).  Returns the armed value to sleep on, or sets *changed. */
+uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed)
+{
+    const uint32_t bits = ST_SLEEPERS | ST_DRAINERS;
+    uint32_t cur = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    *changed = 0;
+    for (;;) {
+        if ((cur ^ val) & ~bits) {
+            *changed = 1;
+            return cur;
+        }
+        if (cur & ST_SLEEPERS)
+            return cur;
+        if (atomic_compare_exchange_weak_explicit(&h->hdr->state, &cur, cur | ST_SLEEPERS,
+                                                  memory_order_seq_cst,
+                                                  memory_order_seq_cst)) /* [model:WAIT_ARM_SLEEPERS] */
+            return cur | ST_SLEEPERS;
+    }
+}
+
+static int do_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    struct shl_header *hd = h->hdr;
+    if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
+        return SHL_TIMEDOUT;
+
+    _Atomic uint32_t *word;
+    uint32_t val = w->expect;
+    int32_t watch[FUTEX_WAITV_MAX];
+    int nwatch = 0;
+    if (!w->on_drain) {
+        int changed;
+        word = &hd->state;
+        val = arm_sleepers(h, val, &changed);
+        if (changed)
+            return SHL_OK;
+    } else {
+        word = &hd->drain_seq;
+    }
+    nwatch = collect_watch_set(h, watch, FUTEX_WAITV_MAX - 1);
+    if (sleep_and_probe(h, &word, &val, 1, watch, nwatch, deadline_ns) == EINTR)
+        return SHL_EINTR;
+    if (deadline_ns >= 0 && mono_ns() >= deadline_ns)
+        return SHL_TIMEDOUT;
+    return SHL_OK;
+}
+
+int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
+{
+    RUN_IN_FLIGHT(h, do_wait(h, w, deadline_ns));
+}
+
+/* --------------------------------------------------------- blocking calls */
+
+static int run_blocking(shl_lock *h, int kind, int64_t deadline_ns)
+{
+    int r = enter(h);
+    if (r != SHL_OK)
+        return r;
+    shl_waiter w;
+    memset(&w, 0, sizeof w);
+    w.kind = kind;
+    for (;;) {
+        r = do_try(h, &w);
+        if (r == SHL_OK)
+            break;
+        if (r == SHL_AGAIN)
+            r = do_wait(h, &w, deadline_ns);
+        if (r != SHL_OK) {
+            do_cancel(h, &w);
+            break;
+        }
+    }
+    leave(h);
+    return r;
+}
+
+int shl_acquire_read(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_READ, d); }
+int shl_acquire_write(shl_lock *h, int64_t d)  { return run_blocking(h, SHL_KIND_WRITE, d); }
+int shl_acquire_update(shl_lock *h, int64_t d) { return run_blocking(h, SHL_KIND_UPDATE, d); }
+int shl_resume(shl_lock *h, int64_t d)         { return run_blocking(h, SHL_KIND_RESUME, d); }
+int shl_wait_resumed(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_RESUMED, d); }
+int shl_wait_drained(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_DRAINED, d); }
