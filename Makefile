@@ -10,8 +10,13 @@ test:
 # The C core (csrc/core/), the fast-path extension and the bench floors must compile
 # without a single warning (the extensions against the Python headers).
 PY_INCLUDE = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+CWARN = -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror
+# In the core, every function that is not static has its prototype in
+# shmlock.h (the API) or core/internal.h (hidden): nothing is exported by
+# accident (-Wmissing-prototypes).
 warnings:
-	for c in csrc/*.c csrc/core/*.c; do gcc -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -I$(PY_INCLUDE) -Icsrc -Icsrc/core -c $$c -o /dev/null || exit 1; done
+	for c in csrc/*.c; do gcc $(CWARN) -I$(PY_INCLUDE) -Icsrc -c $$c -o /dev/null || exit 1; done
+	for c in csrc/core/*.c; do gcc $(CWARN) -Wmissing-prototypes -Icsrc -Icsrc/core -c $$c -o /dev/null || exit 1; done
 
 # The whole test suite (or SANITIZE_TESTS="paths") against a core built with
 # AddressSanitizer + UBSan.

@@ -248,13 +248,14 @@ def markers() -> List[Tuple[str, Optional[str]]]:
     with open(MODEL) as f:
         in_model = sorted(set(MARKER.findall(f.read())))
     places: Dict[str, str] = {}
+    rel = os.path.relpath(CORE, os.path.dirname(CSRC))
     for c in sorted(os.listdir(CORE)):
         if not c.endswith((".c", ".h")):
             continue
         with open(os.path.join(CORE, c)) as f:
             for n, line in enumerate(f, 1):
                 for name in MARKER.findall(line):
-                    places.setdefault(name, f"{os.path.relpath(CORE, os.path.dirname(CSRC))}/{c}:{n}")
+                    places.setdefault(name, f"{rel}/{c}:{n}")
     return [(name, places.get(name)) for name in in_model]
 
 

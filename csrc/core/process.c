@@ -228,8 +228,8 @@ uint64_t self_pidns(void)
 
 /* In a forked child only the forking thread exists: no keeper, and every
  * process-private mutex of the core (k_call_mu, k_mu, k_cv, g_reattach_mu,
- * the watchdog's)  * may be held by a thread that is gone.  Start afresh; handles notice the
- * new fork generation and take a slot of their own. */
+ * the watchdog's) may be held by a thread that is gone.  Start afresh;
+ * handles notice the new fork generation and take a slot of their own. */
 static void after_fork_in_child(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
