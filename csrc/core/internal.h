@@ -15,11 +15,12 @@
  *   wait.c      sleeping: futexes on the state word and the drain counter,
  *               the death watch on the processes waited for, and the
  *               blocking calls (try, sleep, retry).
- *   slots.c     the per-process slots: taking one, probing a slot's owner
- *               for death, reclaiming a dead process's holds, resetting a
- *               stale pause; the glibc-private mutex fields, in one place.
+ *   slots.c     the per-process slots: probing a slot's owner for death,
+ *               reclaiming a dead process's holds; the glibc-private mutex
+ *               fields, in one place.
  *   process.c   this process's side: the keeper threads that hold its slot
  *               mutexes, its list of handles, attaching, and fork().
+ *   stale.c     resetting a pause left by processes that are all gone.
  *   segment.c   opening, validating, closing and removing a segment: the
  *               boundary where shared memory is untrusted input.
  *   lease.c     the host lease and its watchdog thread (cluster agent).
@@ -281,18 +282,16 @@ extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child */
 void core_init(void);                    /* once per process: the fork handler */
 int reattach(shl_lock *h);               /* ensure_attached's slow path */
 enum { KEEP_TRYLOCK = 1, KEEP_UNLOCK = 2 };
-int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino, uint32_t slot);
 int keeper_call(int op, pthread_mutex_t *m);
 int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot);
-uint64_t self_pidns(void);
 
-/* slots.c: slots, liveness, recovery. */
+/* slots.c: liveness and recovery. */
 void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, uint32_t owed);
 int slot_is_clean(const struct shl_slot *sl);
 void init_slot_mutex(pthread_mutex_t *m);
 int slot_mutex_sane(const pthread_mutex_t *m);
 int probe_slot(shl_lock *h, uint32_t i);
-int attach_slot(shl_lock *h);
+void recover_slot(shl_lock *h, uint32_t i);
 #ifdef __GLIBC__
 /* The robust-futex word of a slot mutex (a glibc-private field; slots.c). */
 uint32_t *mutex_word(pthread_mutex_t *m);

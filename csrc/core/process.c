@@ -1,8 +1,8 @@
 /*
  * process.c - this process's side of the core: the keeper threads that hold
  * its slot mutexes (so a slot looks dead exactly when the process is dead),
- * the list of every handle it opened, attaching a handle to a slot, and
- * fork().
+ * the list of every handle it opened, attaching a handle to a slot (and
+ * raising the slots' high-water mark), and fork().
  *
  * Crash safety starts here.  Every process keeps its slot's robust mutex
  * locked from a small "keeper" thread that lives as long as the process
@@ -137,8 +137,8 @@ static int keeper_run(uint32_t who, int op, pthread_mutex_t *m)
 /* KEEP_TRYLOCK: lock m from a keeper with room and record it as slot `slot`
  * of segment id (dev/ino).  KEEP_UNLOCK: unlock m from the keeper that holds
  * it.  Returns the pthread result, or -1 with errno set. */
-int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino,
-                   uint32_t slot)
+static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino,
+                          uint32_t slot)
 {
     int r;
     pthread_mutex_lock(&k_call_mu);
@@ -220,7 +220,7 @@ int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot)
 
 /* The inode of this process's PID namespace, recorded in its slots so that
  * info() can tell two processes with the same pid apart.  0 if unknown. */
-uint64_t self_pidns(void)
+static uint64_t self_pidns(void)
 {
     struct stat st;
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
@@ -255,6 +255,58 @@ static void after_fork_in_child(void)
 static void init_once(void)
 {
     pthread_atfork(NULL, NULL, after_fork_in_child);
+}
+
+/*
+ * Raise the slots' high-water mark to cover slot i (a fetch-max by CAS).
+ * attach_slot calls it once it owns slot i and before the slot can hold
+ * anything of ours: before its pid is published and before any read or
+ * owed registration in it (those need h->self, set after this).  See
+ * scan_limit for why that order makes the bounded scans exact.
+ *
+ * When the mark already covers i no store is needed: the seq_cst load read
+ * a value that an earlier raise (earlier in the single total order) wrote,
+ * and the mark never falls, so every later seq_cst load of it sees at least
+ * i + 1 just as if we had raised it ourselves.
+ */
+static void raise_slots_hwm(shl_lock *h, uint32_t i)
+{
+    uint32_t want = i + 1;
+    uint32_t cur = atomic_load_explicit(&h->hdr->slots_hwm, memory_order_seq_cst);
+    while (cur < want &&   /* [model:ATTACH_HWM] */
+           !atomic_compare_exchange_weak_explicit(&h->hdr->slots_hwm, &cur, want,
+                                                  memory_order_seq_cst, memory_order_seq_cst))
+        ;
+}
+
+/* Take a free slot (or a dead process's, after reclaiming it). */
+static int attach_slot(shl_lock *h)
+{
+    for (uint32_t i = 0; i < h->max; i++) {
+        struct shl_slot *sl = &h->slots[i];
+        if (!slot_mutex_sane(&sl->owner))
+            return SHL_ECORRUPT;
+        int r = keeper_request(KEEP_TRYLOCK, &sl->owner, h->dev, h->ino, i);
+        if (r < 0)
+            return SHL_ESYS;
+        if (r == EOWNERDEAD || (r == 0 && !slot_is_clean(sl)))
+            recover_slot(h, i);
+        else if (r != 0)
+            continue;    /* EBUSY: a live process owns it */
+        raise_slots_hwm(h, i);
+        /* A dead owner may also have held the exclusive claim. */
+        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1)
+            recover_slot(h, i);
+        h->pid = (uint32_t)getpid();   /* a forked child re-attaches: fresh pid */
+        atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
+        atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
+        atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
+        h->self = (int32_t)i;
+        atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
+                              memory_order_release);
+        return SHL_OK;
+    }
+    return SHL_EFULL;
 }
 
 /* ensure_attached's slow path (internal.h): first use after open, or the

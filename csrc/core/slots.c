@@ -1,7 +1,7 @@
 /*
- * slots.c - the per-process slots of a segment: taking one, probing a
- * slot's owner for death, reclaiming everything a dead process held, and
- * resetting a pause left by processes that are all gone.
+ * slots.c - the per-process slots of a segment: probing a slot's owner for
+ * death and reclaiming everything a dead process held.  The bottom layer of
+ * the core: it calls nothing but internal.h's tools.
  *
  * A slot is owned by a process exactly while that process's keeper
  * (process.c) holds the slot's robust mutex, so probe_slot's trylock is the
@@ -97,7 +97,7 @@ void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
  * recoverer that itself dies leaves the mutex OWNER_DIED again, and the next
  * prober repeats the work.
  */
-static void recover_slot(shl_lock *h, uint32_t i)
+void recover_slot(shl_lock *h, uint32_t i)
 {
     struct shl_header *hd = h->hdr;
     struct shl_slot *sl = &h->slots[i];
@@ -189,125 +189,4 @@ int probe_slot(shl_lock *h, uint32_t i)
         return 0;
     }
     return 1;
-}
-
-/*
- * Raise the slots' high-water mark to cover slot i (a fetch-max by CAS).
- * attach_slot calls it once it owns slot i and before the slot can hold
- * anything of ours: before its pid is published and before any read or
- * owed registration in it (those need h->self, set after this).  See
- * scan_limit for why that order makes the bounded scans exact.
- *
- * When the mark already covers i no store is needed: the seq_cst load read
- * a value that an earlier raise (earlier in the single total order) wrote,
- * and the mark never falls, so every later seq_cst load of it sees at least
- * i + 1 just as if we had raised it ourselves.
- */
-static void raise_slots_hwm(shl_lock *h, uint32_t i)
-{
-    uint32_t want = i + 1;
-    uint32_t cur = atomic_load_explicit(&h->hdr->slots_hwm, memory_order_seq_cst);
-    while (cur < want &&   /* [model:ATTACH_HWM] */
-           !atomic_compare_exchange_weak_explicit(&h->hdr->slots_hwm, &cur, want,
-                                                  memory_order_seq_cst, memory_order_seq_cst))
-        ;
-}
-
-/* Take a free slot (or a dead process's, after reclaiming it). */
-int attach_slot(shl_lock *h)
-{
-    for (uint32_t i = 0; i < h->max; i++) {
-        struct shl_slot *sl = &h->slots[i];
-        if (!slot_mutex_sane(&sl->owner))
-            return SHL_ECORRUPT;
-        int r = keeper_request(KEEP_TRYLOCK, &sl->owner, h->dev, h->ino, i);
-        if (r < 0)
-            return SHL_ESYS;
-        if (r == EOWNERDEAD || (r == 0 && !slot_is_clean(sl)))
-            recover_slot(h, i);
-        else if (r != 0)
-            continue;    /* EBUSY: a live process owns it */
-        raise_slots_hwm(h, i);
-        /* A dead owner may also have held the exclusive claim. */
-        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1)
-            recover_slot(h, i);
-        h->pid = (uint32_t)getpid();   /* a forked child re-attaches: fresh pid */
-        atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
-        atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
-        atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
-        h->self = (int32_t)i;
-        atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
-                              memory_order_release);
-        return SHL_OK;
-    }
-    return SHL_EFULL;
-}
-
-/* --------------------------------------------------------- stale pauses */
-
-/* How often the reset re-scans after the state word changed under it before
- * it gives up (and keeps the pause): a word that keeps changing means live
- * processes are using the lock, so it is not stale. */
-#define STALE_RETRIES 16
-
-static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
-{
-    int r = ensure_attached(h);
-    if (r != SHL_OK)
-        return r;
-    struct shl_header *hd = h->hdr;
-    for (int attempt = 0; attempt < STALE_RETRIES; attempt++) {
-        /* seq_cst: the word is read before the scan below; the CAS at the end
-         * compares against exactly this value. */
-        uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-        if (!(s & ST_PAUSED))
-            return 0;
-        int32_t o = owner_index(h, s);
-        if (o == -2)
-            return SHL_ECORRUPT;
-        /* An update claim pins the pause (invariant 4).  The scan below
-         * skips our own slot, so our own update claim is checked here. */
-        if (o == h->self && (s & ST_UPDATE))
-            return 0;
-        /* Only the pause the caller judged stale is cleared: a pause recorded
-         * under another pid (or none yet: a pause() between its CAS and its
-         * pid store) is a fresh one. */
-        if (atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed) != dead_pauser ||
-            dead_pauser == 0)
-            return 0;
-        /* A segment with a host lease armed is under its cluster agent's
-         * control: a restarted host stays paused (fail closed) until its
-         * agent has mirrored the cluster, whoever paused it and whoever
-         * died.  relaxed: an agent that arms the lease later is attached
-         * and alive (the scan below sees it), and if a reset still wins a
-         * race with it, an expired lease is paused again by the watchdog. */
-        if (atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) != 0)
-            return 0;
-        /* Any other live process: not stale.  Probing reclaims dead slots
-         * (their reads, owed registrations and claims), which changes the
-         * word and so makes the CAS below fail once and the loop rescan. */
-        for (uint32_t i = 0; i < h->max; i++)
-            if ((int32_t)i != h->self && probe_slot(h, i))
-                return 0;
-        /* An update claim pins the pause; a live claimant was seen above, a
-         * dead one was reclaimed (and changed the word). */
-        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
-        if (atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                    memory_order_seq_cst)) {
-            atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
-            record_recovery(h, dead_pauser, SHL_LOST_PAUSE, 0, 0);
-            /* A process that attached after our scan may already sleep for
-             * the resume: it set SLEEPERS, which would have failed our CAS,
-             * so only a sleeper bit we saw can be pending; wake it anyway. */
-            if (s & ST_SLEEPERS)
-                futex_wake_all(&hd->state);
-            return 1;
-        }
-    }
-    return 0;
-}
-
-int shl_reset_stale(shl_lock *h, uint32_t dead_pauser)
-{
-    RUN_IN_FLIGHT(h, do_reset_stale(h, dead_pauser));
 }
