@@ -7,6 +7,7 @@ import time
 
 import pytest
 from conftest import FORK
+from holders import hold_until_told, timed_acquire
 
 import pyshmlock
 
@@ -38,13 +39,6 @@ def hold_write_for(q, name, seconds):
     lk.close()
 
 
-def hold_read_until(q, name, cmd):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_read(5)
-    q.put("reading")
-    cmd.get(timeout=20)
-    lk.release_read()
-    lk.close()
 
 
 def pause_now(q, name):
@@ -54,14 +48,6 @@ def pause_now(q, name):
     lk.close()
 
 
-def timed_write(q, name, timeout):
-    lk = pyshmlock.RWLock(name)
-    t0 = time.monotonic()
-    ok = lk.acquire_write(timeout)
-    q.put((ok, time.monotonic() - t0))
-    if ok:
-        lk.release_write()
-    lk.close()
 
 
 def test_5000_parked_tasks_on_a_paused_lock(lock_name, children):
@@ -128,7 +114,7 @@ def test_cancelled_waiter_leaves_nothing_behind(lock_name, children, kind):
         blocker.expect("holding")
         coro = alock.acquire_read
     elif kind in ("write", "update"):
-        blocker = children(hold_read_until, lock_name, cmd)
+        blocker = children(hold_until_told, lock_name, cmd)
         blocker.expect("reading")
         coro = alock.acquire_write if kind == "write" else alock.acquire_update
     else:
@@ -161,7 +147,7 @@ def test_cancelled_waiter_leaves_nothing_behind(lock_name, children, kind):
         cmd.put("go")
     if kind == "wait_resumed":
         assert alock._lock.resume(1)
-    w = children(timed_write, lock_name, 5)
+    w = children(timed_acquire, lock_name, "write", 5)
     ok, waited = w.get()
     assert ok and waited < 2.0
     alock.close()
@@ -202,7 +188,7 @@ def test_timeouts_and_context_managers(lock_name, children):
 def test_parked_update_proceeds_when_another_process_pauses(lock_name, children):
     alock = pyshmlock.AsyncRWLock(lock_name)
     cmd = FORK.Queue()
-    r = children(hold_read_until, lock_name, cmd)
+    r = children(hold_until_told, lock_name, cmd)
     r.expect("reading")
 
     async def main():

@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from holders import hold_until_told
 
 import pyshmlock
 from pyshmlock import aio
@@ -151,13 +152,6 @@ def test_hold_acquire_has_threading_lock_signature(lock):
 
 # ----------------------------------------------- truthful status (defect 4)
 
-def _hold_read(q, name, cmd):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_read(5)
-    q.put("reading")
-    cmd.get(timeout=20)
-    lk.release_read()
-    lk.close()
 
 
 def _status(name):
@@ -170,7 +164,7 @@ def _status(name):
 def test_status_says_claimed_while_the_writer_waits_for_readers(lock, children):
     from conftest import FORK
     cmd = FORK.Queue()
-    c = children(_hold_read, lock.name, cmd)
+    c = children(hold_until_told, lock.name, cmd)
     c.expect("reading")
     got = []
     t = threading.Thread(target=lambda: got.append(lock.acquire_write(20)))

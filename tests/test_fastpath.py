@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from holders import hold_until_told
 
 import pyshmlock
 from pyshmlock import _fast
@@ -21,14 +22,6 @@ HOLD_CALLS = ("acquire_read", "release_read", "acquire_write", "release_write",
               "acquire_update", "release_update")
 
 
-def hold_write_until_told(q, name, cmd):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_write(5)
-    q.put("writing")
-    cmd.get(timeout=20)
-    lk.release_write()
-    q.put("released")
-    lk.close()
 
 
 @pytest.fixture
@@ -36,7 +29,7 @@ def writer(lock_name, children):
     """Another process holding the write lock until told to release it."""
     import multiprocessing as mp
     cmd = mp.get_context("fork").Queue()
-    c = children(hold_write_until_told, lock_name, cmd)
+    c = children(hold_until_told, lock_name, cmd, "write")
     c.expect("writing")
     yield c, cmd
     cmd.put("go")
@@ -315,14 +308,6 @@ def test_a_signal_handler_runs_during_the_wait_which_then_resumes(lock, writer):
     cmd.put("go")   # (the fixture's own "go" is then harmless)
 
 
-def hold_read_until_told(q, name, cmd):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_read(5)
-    q.put("reading")
-    cmd.get(timeout=20)
-    lk.release_read()
-    q.put("released")
-    lk.close()
 
 
 def test_a_handler_runs_with_no_attempt_registered(lock, lock_name, children):
@@ -331,7 +316,7 @@ def test_a_handler_runs_with_no_attempt_registered(lock, lock_name, children):
     its way: the attempt is withdrawn before any Python code runs."""
     import multiprocessing as mp
     cmd = mp.get_context("fork").Queue()
-    c = children(hold_read_until_told, lock_name, cmd)
+    c = children(hold_until_told, lock_name, cmd)
     c.expect("reading")
     seen = []
 

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from holders import hold_until_told, timed_acquire
 
 import pyshmlock
 
@@ -23,24 +24,8 @@ def hold_read(q, name, release_after):
     lk.close()
 
 
-def hold_read_until_told(q, name, cmd):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_read(5)
-    q.put("reading")
-    cmd.get(timeout=20)
-    lk.release_read()
-    q.put("released")
-    lk.close()
 
 
-def try_read(q, name, timeout):
-    lk = pyshmlock.RWLock(name)
-    t0 = time.monotonic()
-    ok = lk.acquire_read(timeout)
-    q.put((ok, time.monotonic() - t0))
-    if ok:
-        lk.release_read()
-    lk.close()
 
 
 def take_write(q, name, timeout, hold):
@@ -80,17 +65,17 @@ def do_resume(q, name, timeout):
 
 def test_pause_blocks_new_readers_in_every_process(lock, lock_name, children):
     assert lock.pause() is True
-    c = children(try_read, lock_name, 0.3)
+    c = children(timed_acquire, lock_name, "read", 0.3)
     ok, waited = c.get()
     assert ok is False and waited >= 0.25
     assert lock.resume(1)
-    c2 = children(try_read, lock_name, 1)
+    c2 = children(timed_acquire, lock_name, "read", 1)
     assert c2.get()[0] is True
 
 
 def test_paused_reader_is_admitted_after_resume_elsewhere(lock, lock_name, children):
     lock.pause()
-    c = children(try_read, lock_name, 10)
+    c = children(timed_acquire, lock_name, "read", 10)
     time.sleep(0.2)
     assert c.q.empty(), "a reader got in while paused"
     assert lock.resume(1)
@@ -124,7 +109,7 @@ def test_queued_writer_blocks_new_readers(lock, lock_name, children):
 
 def test_update_under_pause_skips_frozen_readers_and_pins_the_pause(lock, lock_name, children):
     cmd = pyshmlock_queue()
-    r = children(hold_read_until_told, lock_name, cmd)
+    r = children(hold_until_told, lock_name, cmd)
     r.expect("reading")
     lock.pause()
     u = children(take_update, lock_name, 2, 0.6)
@@ -144,7 +129,7 @@ def test_update_under_pause_skips_frozen_readers_and_pins_the_pause(lock, lock_n
 
 def test_unpaused_update_waits_for_readers_then_pause_lets_it_through(lock, lock_name, children):
     cmd = pyshmlock_queue()
-    r = children(hold_read_until_told, lock_name, cmd)
+    r = children(hold_until_told, lock_name, cmd)
     r.expect("reading")
     u = children(take_update, lock_name, 10, 0.0)
     u.expect("trying")
