@@ -6,10 +6,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
+from demo_process import start_kept_demo
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -77,22 +77,9 @@ def cli(*args):
 
 
 def test_cli_against_a_running_demo():
-    proc = subprocess.Popen([sys.executable, "-m", "pyshmlock", "demo", "--workers", "2",
-                             "--cycles", "40", "--keep-running"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd="/")
+    proc, text, name = start_kept_demo("--cycles", "40", timeout=100)
     try:
-        lines = []
-        deadline = time.monotonic() + 100
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith("  workers:"):
-                break
-        text = "".join(lines)
         assert "server left running" in text, text
-        name = re.search(r"pyshmlock status (\S+)", text).group(1)
         shared = re.search(r"curl -s (http://\S+)/health", text).group(1)
         assert name in cli("ls").stdout
         assert _scraped(shared, name)["pyshmlock_paused"] == 0.0

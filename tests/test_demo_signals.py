@@ -2,13 +2,11 @@
 signal to its main process (or killing it outright) stops every child and
 leaves nothing in /dev/shm."""
 import os
-import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from demo_process import running, start_kept_demo, stop_everything
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -29,39 +27,11 @@ def _children(pid):
     return out
 
 
-def _running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
-
-
-def _start_demo(errfile):
-    # stderr to a file: orphaned children would hold a pipe open forever.
-    proc = subprocess.Popen([sys.executable, "-m", "pyshmlock", "demo", "--workers", "2",
-                             "--requests", "4", "--cycles", "10", "--keep-running"],
-                            stdout=subprocess.PIPE, stderr=errfile, text=True, cwd="/")
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("  workers:"):
-            break
-    text = "".join(lines)
-    m = re.search(r"pyshmlock status (\S+)", text)
-    assert m, text
-    return proc, m.group(1)
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL],
                          ids=lambda s: signal.Signals(s).name)
 def test_a_signal_to_the_demo_stops_every_child(sig, tmp_path):
     err = open(tmp_path / "stderr", "w+")
-    proc, name = _start_demo(err)
+    proc, _, name = start_kept_demo("--requests", "4", "--cycles", "10", stderr=err)
     kids = []
     try:
         kids = _children(proc.pid)
@@ -71,7 +41,7 @@ def test_a_signal_to_the_demo_stops_every_child(sig, tmp_path):
         assert rc == (-sig if sig == signal.SIGKILL else 128 + sig), rc
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            left = [k for k in kids if _running(k)]
+            left = [k for k in kids if running(k)]
             shm = [f for f in os.listdir("/dev/shm") if name in f]
             if not left and not shm:
                 break
@@ -83,16 +53,7 @@ def test_a_signal_to_the_demo_stops_every_child(sig, tmp_path):
             err.seek(0)
             assert "Traceback" not in err.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        for k in kids:
-            if _running(k):
-                os.kill(k, signal.SIGKILL)
-        for f in os.listdir("/dev/shm"):
-            if name in f:
-                os.unlink(os.path.join("/dev/shm", f))
-        proc.stdout.close()
+        stop_everything(proc, kids, name)
         err.close()
 
 
@@ -105,7 +66,7 @@ def test_the_locks_go_with_a_killed_demo_even_if_its_scheduler_is_stopped(tmp_pa
     """The workers remove the locks too: cleanup after the main's death does
     not wait for the scheduler (stopped here, as a starved one would be)."""
     err = open(tmp_path / "stderr", "w+")
-    proc, name = _start_demo(err)
+    proc, _, name = start_kept_demo("--requests", "4", "--cycles", "10", stderr=err)
     kids = []
     try:
         kids = sorted(_children(proc.pid), key=_started)
@@ -116,7 +77,7 @@ def test_the_locks_go_with_a_killed_demo_even_if_its_scheduler_is_stopped(tmp_pa
         assert proc.wait(30) == -signal.SIGKILL
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            workers_left = [k for k in kids[1:] if _running(k)]
+            workers_left = [k for k in kids[1:] if running(k)]
             shm = [f for f in os.listdir("/dev/shm") if name in f]
             if not workers_left and not shm:
                 break
@@ -126,18 +87,9 @@ def test_the_locks_go_with_a_killed_demo_even_if_its_scheduler_is_stopped(tmp_pa
         assert not shm, f"left in /dev/shm: {shm}; stderr: {err.read()}"
         os.kill(sched, signal.SIGCONT)        # its SIGTERM is pending: it ends too
         deadline = time.monotonic() + 20
-        while _running(sched) and time.monotonic() < deadline:
+        while running(sched) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _running(sched)
+        assert not running(sched)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(5)
-        for k in kids:
-            if _running(k):
-                os.kill(k, signal.SIGKILL)
-        for f in os.listdir("/dev/shm"):
-            if name in f:
-                os.unlink(os.path.join("/dev/shm", f))
-        proc.stdout.close()
+        stop_everything(proc, kids, name)
         err.close()
