@@ -213,7 +213,8 @@ def attached_info(h: Any, name: str) -> LockInfo:
 def inspect(name: str) -> LockInfo:
     """A snapshot of the lock ``name`` without attaching to it.
 
-    The segment is mapped read-only, so this needs only read permission, takes
+    The segment is read, never mapped (a shrink by its owner cannot crash
+    the caller: it raises SegmentSizeError), so this needs only read permission, takes
     no process slot (it works when all ``max_processes`` are taken), never
     lists the caller, and never changes the lock.  Processes that died
     attached are reported in ``dead_pids`` (their holds still count until an

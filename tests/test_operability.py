@@ -270,3 +270,39 @@ def test_dead_pauser_with_a_live_process_attached_is_not_stale(stale_name, child
         assert not lk.paused
     finally:
         lk.close()
+
+
+SHRINK_UNDER_OBSERVER = """
+import os, sys
+from pyshmlock._shmlock import ffi, lib
+name, to = sys.argv[1], int(sys.argv[2])
+out = ffi.new("shl_observer **")
+assert lib.shl_observe_open(name.encode(), out) == lib.SHL_OK
+o = out[0]
+# The segment's owner shrinks it while the observer has it open.
+os.truncate("/dev/shm/pyshmlock." + name, to)
+print(lib.shl_observe_info(o, ffi.new("shl_snapshot *")),
+      lib.shl_observe_slot(o, 63, ffi.new("shl_slot_snapshot *")),
+      lib.shl_observe_recovery(o, 0, ffi.new("shl_recovery_record *")))
+lib.shl_observe_close(o)
+"""
+
+
+@pytest.mark.parametrize("to", [0, 64, 4096])
+def test_an_observer_survives_the_segment_shrinking_under_it(lock_name, to):
+    """An observer looks at segments of owners it need not trust (another
+    user's 0644 lock): a shrink after it opened makes what is gone read as
+    SegmentSizeError's code, never SIGBUS."""
+    lk = pyshmlock.RWLock(lock_name, max_processes=64)
+    lk.close()
+    p = _py(SHRINK_UNDER_OBSERVER, lock_name, str(to))
+    assert p.returncode == 0, (p.returncode, p.stderr[-2000:])
+    info, slot63, recovery = (int(c) for c in p.stdout.split())
+    esize = pyshmlock._shmlock.lib.SHL_ESIZE
+    assert slot63 == esize                            # past the new end
+    if to < 1024:                                     # the header is gone too
+        assert info == esize and recovery == esize
+    else:
+        assert info == 0 and recovery == 0            # what is still there reads
+    with pytest.raises(pyshmlock.errors.SegmentError):
+        pyshmlock.inspect(lock_name)                  # a new look: refused, clearly

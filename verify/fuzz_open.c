@@ -4,7 +4,8 @@
  * Each input becomes the whole content of /dev/shm/pyshmlock.<name>; the core
  * must open it (and then survive info, slot scans, try-acquires, a stale
  * reset and close) or refuse it with an error code.  The read-only observer
- * (shl_observe_*) gets the same bytes first, before an opener changes them.  Built with AddressSanitizer and UBSan
+ * (shl_observe_*) gets the same bytes first, before an opener changes them,
+ * and again after the file shrinks under it.  Built with AddressSanitizer and UBSan
  * (`make fuzz`), so any read or write outside the mapping, or any undefined
  * behaviour, is a crash the fuzzer reports.
  */
@@ -16,6 +17,20 @@
 #include <unistd.h>
 
 #include "shmlock.h"
+
+/* Every read an observer can make. */
+static void observe_all(shl_observer *o)
+{
+    shl_snapshot osnap;
+    if (shl_observe_info(o, &osnap) == SHL_OK) {
+        shl_slot_snapshot slot;
+        for (uint32_t i = 0; i < osnap.max_processes; i++)
+            shl_observe_slot(o, i, &slot);
+    }
+    shl_recovery_record orec;
+    for (uint32_t i = 0; i < SHL_RECOVERY_LOG; i++)
+        shl_observe_recovery(o, i, &orec);
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -34,16 +49,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     shl_observer *o = NULL;
     int ro = shl_observe_open(name, &o);
     if (ro == SHL_OK) {
-        shl_snapshot osnap;
-        if (shl_observe_info(o, &osnap) == SHL_OK) {
-            shl_slot_snapshot slot;
-            for (uint32_t i = 0; i < osnap.max_processes; i++)
-                shl_observe_slot(o, i, &slot);
-        }
-        shl_recovery_record orec;
-        for (uint32_t i = 0; i < SHL_RECOVERY_LOG; i++)
-            shl_observe_recovery(o, i, &orec);
+        observe_all(o);
+        /* The owner shrinks the file under the observer: what is gone must
+         * read as SHL_ESIZE, never fault (an observer never maps it). */
+        if (truncate(path, (off_t)(size / 2)) != 0)
+            abort();
+        observe_all(o);
+        if (truncate(path, 0) != 0)
+            abort();
+        observe_all(o);
         shl_observe_close(o);
+        fd = open(path, O_WRONLY | O_TRUNC);     /* the opener below gets the input */
+        if (fd < 0 || (size && write(fd, data, size) != (ssize_t)size))
+            abort();
+        close(fd);
     } else if (ro >= 0) {
         abort();
     }

@@ -1,22 +1,24 @@
 /*
  * info.c - introspection: snapshots of the state word, the slots and the
  * recovery log, for an attached handle (shl_info, shl_slot_info, ...) and
- * for an observer that maps a segment read-only and attaches nothing
- * (shl_observe_*: `pyshmlock status` for another user, a full lock).
+ * for an observer that reads a segment without mapping it and attaches
+ * nothing (shl_observe_*: `pyshmlock status` for another user, a full
+ * lock).
  *
  * A snapshot is a set of relaxed loads taken at one moment, not an atomic
  * picture, except the state word (seq_cst).  Everything read is untrusted:
  * the owner index is bounds-checked against the validated private max, the
- * recovery index is reduced by the caller's bound.  An observer never
- * writes the segment and never calls glibc on its mutexes (it reads the
- * robust-futex word instead, see observed_alive).
+ * recovery index is checked against the log's size.  An observer never
+ * writes the segment, never maps it (so a shrink cannot SIGBUS it), and
+ * never calls glibc on its mutexes (it reads the robust-futex word of its
+ * copy instead, see observed_alive).
  */
 #include "internal.h"
 
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
+#include <sys/mman.h>     /* shm_open */
 #include <sys/stat.h>
 
 /* ------------------------------------------------------------- snapshots */
@@ -35,11 +37,11 @@ static int exclusive_held(const struct shl_header *hd, uint32_t s, uint32_t owne
            atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == owner_pid;
 }
 
-/* The snapshot of a segment mapped at hd (its slots, validated max), for an
- * attached handle and an observer alike.  SHL_ECORRUPT if the state word
- * names no slot of the segment. */
-static int take_snapshot(const struct shl_header *hd, const struct shl_slot *slots,
-                         uint32_t max, shl_snapshot *out)
+/* The snapshot of the header hd (a mapping, or an observer's copy) with the
+ * validated max, for an attached handle and an observer alike; the owner's
+ * pid is filled in by snapshot_owner.  SHL_ECORRUPT if the state word names
+ * no slot of the segment. */
+static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot *out)
 {
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
     int32_t o = owner_slot(s, max);
@@ -50,8 +52,6 @@ static int take_snapshot(const struct shl_header *hd, const struct shl_slot *slo
     out->paused = (s & ST_PAUSED) != 0;
     out->exclusive_slot = o;
     out->exclusive_kind = o < 0 ? 0 : (s & ST_UPDATE) ? SHL_KIND_UPDATE : SHL_KIND_WRITE;
-    out->exclusive_pid = o < 0 ? 0 : atomic_load_explicit(&slots[o].pid, memory_order_relaxed);
-    out->exclusive_granted = exclusive_held(hd, s, out->exclusive_pid);
     out->epoch = ST_EPOCH(s);
     out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
     out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);
@@ -63,6 +63,14 @@ static int take_snapshot(const struct shl_header *hd, const struct shl_slot *slo
     out->creator_pid = hd->creator_pid;
     out->self_slot = -1;
     return SHL_OK;
+}
+
+/* The exclusive owner's pid (read from slot exclusive_slot by the caller),
+ * and whether its claim is a granted hold. */
+static void snapshot_owner(const struct shl_header *hd, uint32_t owner_pid, shl_snapshot *out)
+{
+    out->exclusive_pid = owner_pid;
+    out->exclusive_granted = exclusive_held(hd, out->state, owner_pid);
 }
 
 /* The counters of one slot (no liveness verdict: that is the caller's). */
@@ -77,10 +85,9 @@ static void read_slot(const struct shl_slot *sl, shl_slot_snapshot *out)
     out->pidns = atomic_load_explicit(&sl->pidns, memory_order_relaxed);
 }
 
-/* Entry `index` (< SHL_RECOVERY_LOG, checked by the caller) of the log. */
-static void read_recovery(const struct shl_header *hd, uint32_t index, shl_recovery_record *out)
+/* One entry of the recovery log. */
+static void read_recovery(const struct shl_recovery_entry *e, shl_recovery_record *out)
 {
-    const struct shl_recovery_entry *e = &hd->recoveries[index];
     out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
     out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
     out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
@@ -94,10 +101,14 @@ static int do_info(shl_lock *h, shl_snapshot *out)
 {
     int r = ensure_attached(h);
     if (r == SHL_OK)
-        r = take_snapshot(h->hdr, h->slots, h->max, out);
-    if (r == SHL_OK)
-        out->self_slot = h->self;
-    return r;
+        r = take_snapshot(h->hdr, h->max, out);
+    if (r != SHL_OK)
+        return r;
+    int32_t o = out->exclusive_slot;
+    snapshot_owner(h->hdr, o < 0 ? 0 : atomic_load_explicit(&h->slots[o].pid,
+                                                            memory_order_relaxed), out);
+    out->self_slot = h->self;
+    return SHL_OK;
 }
 
 int shl_info(shl_lock *h, shl_snapshot *out)
@@ -130,7 +141,7 @@ int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
 
 static int do_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 {
-    read_recovery(h->hdr, index, out);
+    read_recovery(&h->hdr->recoveries[index], out);
     return SHL_OK;
 }
 
@@ -152,12 +163,37 @@ uint32_t shl_load_state(shl_lock *h)
 
 /* --------------------------------------------------------------- observers */
 
+/*
+ * An observer never maps the segment: it reads copies with pread().  The
+ * segment belongs to an owner the observer need not trust (another user's
+ * 0644 lock), and a mapping would let that owner kill the observer with
+ * SIGBUS by shrinking the file; a read past the new end is just short,
+ * which the observer reports as SHL_ESIZE.  Each call reads only what it
+ * reports: the header, or one slot, or one log entry.  A copy is not one
+ * atomic picture, exactly like the relaxed loads of an attached snapshot.
+ */
 struct shl_observer {
-    const struct shl_header *hdr;   /* mapped PROT_READ: never written */
-    const struct shl_slot *slots;
-    size_t map_size;
+    int fd;                         /* O_RDONLY; never mapped, never written */
     uint32_t max;                   /* validated private copy */
 };
+
+/* Copy len bytes at offset off of the segment into buf.  SHL_ESIZE if the
+ * segment no longer holds them (shrunk since the observer opened it). */
+static int observe_read(const shl_observer *o, void *buf, size_t len, size_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(o->fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return SHL_ESYS;
+        if (n == 0)
+            return SHL_ESIZE;
+        done += (size_t)n;
+    }
+    return SHL_OK;
+}
 
 int shl_observe_open(const char *name, shl_observer **out)
 {
@@ -166,55 +202,43 @@ int shl_observe_open(const char *name, shl_observer **out)
     if (!valid_name(name))
         return SHL_EINVAL;
     snprintf(path, sizeof path, "/pyshmlock.%s", name);
-    int fd = shm_open(path, O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
+    shl_observer probe = {shm_open(path, O_RDONLY | O_CLOEXEC, 0), 0};
+    if (probe.fd < 0)
         return SHL_ESYS;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return SHL_ESYS;
-    }
-    /* An observer does not wait for a creator: an empty segment is reported
-     * at once (a creator sets the size before it writes a byte). */
-    if (st.st_size == 0) {
-        close(fd);
-        return SHL_EINIT;
-    }
-    if ((size_t)st.st_size < sizeof(struct shl_header)) {
-        close(fd);
-        return SHL_EFOREIGN;
-    }
-    size_t len = (size_t)st.st_size;
-    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
-    int e = errno;
-    close(fd);
-    if (p == MAP_FAILED) {
-        errno = e;
-        return SHL_ESYS;
-    }
-    const struct shl_header *hd = p;
-    uint32_t max = 0;
-    int r;
-    /* acquire: pairs with init_segment's release store of READY. */
-    if (atomic_load_explicit(&hd->ready, memory_order_acquire) != SHL_READY)
-        r = (hd->magic != 0 && hd->magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
+    struct shl_header hd;
+    int r = SHL_OK;
+    if (fstat(probe.fd, &st) != 0)
+        r = SHL_ESYS;
+    else if (st.st_size == 0)
+        r = SHL_EINIT;   /* no wait for a creator: it sets the size before any byte */
+    else if ((size_t)st.st_size < sizeof hd)
+        r = SHL_EFOREIGN;
     else
-        r = validate_header(hd, len, &max);
-    shl_observer *o = r == SHL_OK ? calloc(1, sizeof *o) : NULL;
+        r = observe_read(&probe, &hd, sizeof hd, 0);
+    if (r == SHL_OK && atomic_load_explicit(&hd.ready, memory_order_relaxed) != SHL_READY) {
+        r = (hd.magic != 0 && hd.magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
+    } else if (r == SHL_OK) {
+        /* READY was seen in the first copy; the creator stored it with
+         * release after everything else (init_segment), so a second copy
+         * taken after this acquire fence holds the finished header. */
+        atomic_thread_fence(memory_order_acquire);
+        r = observe_read(&probe, &hd, sizeof hd, 0);
+        if (r == SHL_OK)
+            r = validate_header(&hd, (size_t)st.st_size, &probe.max);
+    }
+    shl_observer *o = r == SHL_OK ? malloc(sizeof *o) : NULL;
     if (r == SHL_OK && !o) {
         errno = ENOMEM;
         r = SHL_ESYS;
     }
     if (r != SHL_OK) {
-        munmap(p, len);
+        int e = errno;
+        close(probe.fd);
+        errno = e;
         return r;
     }
-    o->hdr = hd;
-    o->slots = (const struct shl_slot *)(hd + 1);
-    o->map_size = len;
-    o->max = max;
+    *o = probe;
     *out = o;
     return SHL_OK;
 }
@@ -223,7 +247,7 @@ void shl_observe_close(shl_observer *o)
 {
     if (o == NULL)
         return;
-    munmap((void *)o->hdr, o->map_size);
+    close(o->fd);
     free(o);
 }
 
@@ -251,7 +275,23 @@ int shl_observe_info(shl_observer *o, shl_snapshot *out)
 {
     if (o == NULL)
         return SHL_ECLOSED;
-    return take_snapshot(o->hdr, o->slots, o->max, out);
+    struct shl_header hd;
+    int r = observe_read(o, &hd, sizeof hd, 0);
+    if (r == SHL_OK)
+        r = take_snapshot(&hd, o->max, out);
+    if (r != SHL_OK)
+        return r;
+    uint32_t owner_pid = 0;
+    if (out->exclusive_slot >= 0) {
+        struct shl_slot sl;
+        r = observe_read(o, &sl, sizeof sl,
+                         sizeof hd + (size_t)out->exclusive_slot * sizeof sl);
+        if (r != SHL_OK)
+            return r;
+        owner_pid = atomic_load_explicit(&sl.pid, memory_order_relaxed);
+    }
+    snapshot_owner(&hd, owner_pid, out);
+    return SHL_OK;
 }
 
 int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
@@ -260,13 +300,17 @@ int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
         return SHL_ECLOSED;
     if (index >= o->max)
         return SHL_EINVAL;
-    const struct shl_slot *sl = &o->slots[index];
-    read_slot(sl, out);
+    struct shl_slot sl;
+    int r = observe_read(o, &sl, sizeof sl,
+                         sizeof(struct shl_header) + (size_t)index * sizeof sl);
+    if (r != SHL_OK)
+        return r;
+    read_slot(&sl, out);
     if (out->pid == 0 && out->readers == 0 && out->owed == 0) {
         out->pidns = 0;
         return SHL_OK;   /* free */
     }
-    out->alive = observed_alive(sl);
+    out->alive = observed_alive(&sl);
     return SHL_OK;
 }
 
@@ -276,6 +320,10 @@ int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *o
         return SHL_ECLOSED;
     if (index >= SHL_RECOVERY_LOG)
         return SHL_EINVAL;
-    read_recovery(o->hdr, index, out);
-    return SHL_OK;
+    struct shl_recovery_entry e;
+    int r = observe_read(o, &e, sizeof e,
+                         offsetof(struct shl_header, recoveries) + index * sizeof e);
+    if (r == SHL_OK)
+        read_recovery(&e, out);
+    return r;
 }
