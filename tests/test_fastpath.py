@@ -90,7 +90,8 @@ def test_kept_bound_methods_look_like_the_usual_ones(lock):
     assert hold.__enter__ is hold.__enter__            # kept
     assert short.__enter__ is not short.__enter__      # made at each lookup
     assert hold.__enter__() is hold and hold.__exit__(None, None, None) is None
-    assert _fast.Hold.__enter__(short) is short and _fast.Hold.__exit__(short, None, None, None) is None
+    assert _fast.Hold.__enter__(short) is short
+    assert _fast.Hold.__exit__(short, None, None, None) is None
     assert type(_fast.Hold.__enter__).__name__ == "method_descriptor"
     with pytest.raises(TypeError, match="doesn't apply to a 'object' object"):
         vars(_fast.Hold)["__enter__"].__get__(object(), _fast.Hold)
