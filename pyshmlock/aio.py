@@ -11,13 +11,16 @@ How a coroutine waits:
    holding the GIL) sleeps on the futex words that the parked attempts wait
    on, and on the processes they wait for.  A newly parked attempt is
    watched at once.  When anything changes it writes to one eventfd per
-   event loop; the loop's reader callback wakes its parked tasks.  Every
-   woken task retries its attempt, so no wake-up is lost.
+   event loop; the loop's reader callback wakes its parked tasks, each of
+   which retries its attempt right there, in the callback (a parked task
+   awaits a :class:`_ParkFuture`).  Every woken task retries, so no
+   wake-up is lost.
 4. Cancellation or timeout withdraws the attempt (``shl_cancel``): no hold,
    no waiter count and no writer claim is left behind, and readers that a
    cancelled writer was blocking get in at once.
 """
 import asyncio
+import contextvars
 import os
 import threading
 import time
@@ -38,10 +41,116 @@ __all__ = ["AsyncHold", "AsyncRWLock", "async_acquire"]
 _try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
 
 
+class _ParkFuture:
+    """What a parked task awaits: a minimal asyncio Future (the protocol a
+    Task drives: ``_asyncio_future_blocking``, ``get_loop``,
+    ``add_done_callback``, ``result``, ``cancel``, ...) with one more method,
+    :meth:`wake`, that runs the awaiting task's wake-up at once.
+
+    The watcher's reader callback calls ``wake()``: the woken task retries
+    in that same pass of the event loop, with no ``call_soon`` and no second
+    pass (selector, ready queue) in between.  Everything else completes it
+    as an ``asyncio.Future`` is completed: ``set_result`` (a timeout's timer,
+    the helper's close) and ``cancel`` (Task.cancel: wait_for, timeouts)
+    schedule the callbacks through ``call_soon``.  Single-threaded: only the
+    loop's thread touches it."""
+    __slots__ = ("_asyncio_future_blocking", "_callbacks", "_cancel_msg", "_loop", "_state")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._callbacks: List[Tuple[Any, contextvars.Context]] = []
+        self._state = 0             # 0 pending, 1 done, 2 cancelled
+        self._cancel_msg: Any = None
+        self._asyncio_future_blocking = False
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def done(self) -> bool:
+        return self._state != 0
+
+    def cancelled(self) -> bool:
+        return self._state == 2
+
+    def result(self) -> None:
+        if self._state == 2:
+            raise (asyncio.CancelledError() if self._cancel_msg is None
+                   else asyncio.CancelledError(self._cancel_msg))
+        if self._state == 0:
+            raise asyncio.InvalidStateError("Result is not ready.")
+        return None
+
+    def exception(self) -> Optional[BaseException]:
+        self.result()
+        return None
+
+    def add_done_callback(self, fn: Any, *, context: Optional[contextvars.Context] = None) -> None:
+        if context is None:
+            context = contextvars.copy_context()
+        if self._state:
+            self._loop.call_soon(fn, self, context=context)
+        else:
+            self._callbacks.append((fn, context))
+
+    def remove_done_callback(self, fn: Any) -> int:
+        kept = [(f, c) for f, c in self._callbacks if f != fn]
+        removed = len(self._callbacks) - len(kept)
+        self._callbacks = kept
+        return removed
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self._state:
+            return False
+        self._state = 2
+        self._cancel_msg = msg
+        self._schedule()
+        return True
+
+    def set_result(self, result: None) -> None:
+        if self._state:
+            raise asyncio.InvalidStateError("invalid state")
+        self._state = 1
+        self._schedule()
+
+    def _schedule(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for fn, ctx in callbacks:
+            self._loop.call_soon(fn, self, context=ctx)
+
+    def wake(self) -> None:
+        """Complete it and run its callbacks (the task's wake-up) now.  Only
+        from a loop callback (no task running): the watcher's reader."""
+        if self._state:
+            return
+        self._state = 1
+        callbacks, self._callbacks = self._callbacks, []
+        for i, (fn, ctx) in enumerate(callbacks):
+            try:
+                ctx.run(fn, self)
+            except (SystemExit, KeyboardInterrupt):
+                for later in callbacks[i + 1:]:     # not lost: run them as usual
+                    self._loop.call_soon(later[0], self, context=later[1])
+                raise
+            except BaseException as exc:     # as a Handle would report it
+                self._loop.call_exception_handler({
+                    "message": f"Exception in callback {fn!r}", "exception": exc,
+                    "future": self})
+
+    def __await__(self) -> Any:
+        if not self._state:
+            self._asyncio_future_blocking = True
+            yield self
+        if not self._state:
+            raise RuntimeError("await wasn't used with future")
+        return self.result()
+
+    __iter__ = __await__
+
+
 class _Parked:
     __slots__ = ("future", "gen", "loop", "lw", "waiter")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: "asyncio.Future[None]",
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: _ParkFuture,
                  waiter: Any) -> None:
         self.loop = loop
         self.future = future
@@ -50,7 +159,7 @@ class _Parked:
         self.lw: Optional[_LoopWake] = None
 
 
-def _wake_futures(futures: List["asyncio.Future[None]"]) -> None:
+def _wake_futures(futures: List[_ParkFuture]) -> None:
     for f in futures:
         if not f.done():
             f.set_result(None)
@@ -156,9 +265,19 @@ class _Helper:
                 for p in parked.values():
                     if p.gen == gen:
                         lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
-        for p in parked.values():
-            if not p.future.done():
-                p.future.set_result(None)
+        # Each task retries now, in this callback (nothing if it was
+        # cancelled meanwhile).  If one raises out of it (KeyboardInterrupt,
+        # SystemExit), the others still wake, through call_soon.
+        woken = list(parked.values())
+        i = 0
+        try:
+            while i < len(woken):
+                i += 1
+                woken[i - 1].future.wake()
+        finally:
+            for p in woken[i:]:
+                if not p.future.done():
+                    p.future.set_result(None)
 
     def _close_fd(self, lw: _LoopWake) -> None:
         # The loop is gone (or forgets us): the watcher writes to fd no more.
@@ -319,7 +438,7 @@ async def _park(lock: RWLock, loop: asyncio.AbstractEventLoop, w: Any,
     """Sleep until the watcher sees attempt w's word change, or `remaining`
     seconds pass; returns at once if the word changed already."""
     helper = _helper_for(lock)
-    fut: asyncio.Future[None] = loop.create_future()
+    fut = _ParkFuture(loop)
     parked = _Parked(loop, fut, w)
     if not helper.park(parked):
         return          # its word changed already: retry at once

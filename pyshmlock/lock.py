@@ -217,6 +217,10 @@ class RWLock(_fastpath.Lock):
         self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)
         self.writer_lock = SyncHold(self, lib.SHL_KIND_WRITE, None)
         self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
+        # Their bound __enter__/__exit__ are made once, not at every `with`
+        # (see "Bound methods kept" in csrc/fastpath.c).
+        for hold in (self.reader_lock, self.writer_lock, self.update_lock):
+            hold._keep_bound()
 
     def _handle(self) -> Any:
         """The C handle, or ValueError if this object is closed.

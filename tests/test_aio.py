@@ -359,3 +359,106 @@ def test_close_stops_the_watcher_thread(lock_name):
     # its own, e.g. a sanitizer's, do not count).
     assert not started & set(os.listdir("/proc/self/task"))
     assert len(os.listdir("/proc/self/fd")) == before_fds
+
+
+# ------------------------------------------- the wake-up runs the task at once
+
+def test_a_woken_park_future_runs_its_task_inside_the_wake_call():
+    """_ParkFuture.wake() (what the watcher's reader callback calls) runs the
+    parked task's step before it returns: no call_soon, no second pass of the
+    loop.  set_result() and cancel() schedule it, as asyncio.Future does."""
+    from pyshmlock.aio import _ParkFuture
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        steps = []
+
+        async def parked(fut):
+            try:
+                await fut
+                steps.append("resumed")
+            except asyncio.CancelledError as e:
+                steps.append(("cancelled", e.args))
+                raise
+
+        def run_case(how):
+            fut = _ParkFuture(loop)
+            task = loop.create_task(parked(fut))
+            return fut, task
+
+        fut, task = run_case("wake")
+        await asyncio.sleep(0)                    # the task is parked on fut
+        loop.call_soon(lambda: (fut.wake(), steps.append("wake returned")))
+        await task
+        assert steps == ["resumed", "wake returned"]
+        fut.wake()                                # done: nothing happens
+        assert fut.done() and not fut.cancelled() and fut.result() is None
+
+        steps.clear()
+        fut, task = run_case("set_result")
+        await asyncio.sleep(0)
+        loop.call_soon(lambda: (fut.set_result(None), steps.append("set")))
+        await task
+        assert steps == ["set", "resumed"]
+        with pytest.raises(asyncio.InvalidStateError):
+            fut.set_result(None)
+
+        steps.clear()
+        fut, task = run_case("cancel")
+        await asyncio.sleep(0)
+        task.cancel("why")
+        fut.wake()                                # cancelled already: no effect
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert fut.cancelled() and steps == [("cancelled", ("why",))]
+        with pytest.raises(asyncio.CancelledError):
+            fut.result()
+
+    asyncio.run(main())
+
+
+def test_a_task_raising_out_of_its_wake_up_does_not_strand_the_others(lock_name):
+    """Woken tasks run inside the reader callback; if one raises
+    KeyboardInterrupt there (it ends the loop's run), the other tasks parked
+    on that loop are still woken and get their holds."""
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    other = pyshmlock.RWLock(lock_name)
+    alock.pause()
+    loop = asyncio.new_event_loop()
+    got = []
+
+    async def interrupted():
+        assert await alock.acquire_read(10)
+        got.append("first")
+        raise KeyboardInterrupt
+
+    async def reader():
+        assert await alock.acquire_read()       # no timeout: nothing else wakes it
+        got.append("second")
+
+    async def park_both():
+        t1 = loop.create_task(interrupted())
+        t2 = loop.create_task(reader())
+        await asyncio.sleep(0.05)                 # both parked
+        threading.Thread(target=other.resume).start()
+        return t1, t2
+
+    try:
+        t1, t2 = loop.run_until_complete(park_both())
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(t1)
+        assert got == ["first"]
+        loop.run_until_complete(asyncio.wait_for(t2, 5))
+        assert got == ["first", "second"]
+        assert alock.info().readers == {os.getpid(): 2}
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:           # a stranded reader (the failure this test catches)
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending))
+        loop.close()
+        for _ in range(alock.info().readers.get(os.getpid(), 0)):
+            alock.release_read()
+        other.close()
+        alock.close()

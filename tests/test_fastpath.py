@@ -46,6 +46,64 @@ def test_hold_calls_are_c_methods_of_the_base_types(lock):
     assert type(lock.read(1)).__exit__ is _fast.Hold.__exit__
 
 
+def test_with_on_a_locks_own_holds_allocates_nothing(lock):
+    """lock.reader_lock/writer_lock/update_lock keep their bound
+    __enter__/__exit__: a `with` on them allocates no object (on CPython
+    before 3.14 each lookup would make a bound method); a short-lived hold
+    (lock.read(timeout)) makes them as usual."""
+    import tracemalloc
+
+    def peak_of_two_withs(hold):
+        with hold:
+            pass
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            with hold:
+                pass
+            with hold:
+                pass
+            return tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+    for hold in (lock.reader_lock, lock.writer_lock, lock.update_lock):
+        assert peak_of_two_withs(hold) == 0, hold
+    assert peak_of_two_withs(lock.read(1)) > 0     # the control: the probe sees allocations
+
+
+def test_kept_bound_methods_look_like_the_usual_ones(lock):
+    hold, short = lock.reader_lock, lock.read(1)
+    for h in (hold, short):
+        for name in ("__enter__", "__exit__"):
+            m = getattr(h, name)
+            assert type(m).__name__ == "builtin_function_or_method"
+            assert m.__self__ is h and m.__name__ == name
+            assert m.__qualname__ == f"SyncHold.{name}"
+    assert hold.__enter__ is hold.__enter__            # kept
+    assert short.__enter__ is not short.__enter__      # made at each lookup
+    assert hold.__enter__() is hold and hold.__exit__(None, None, None) is None
+    assert _fast.Hold.__enter__(short) is short
+    assert _fast.Hold.__exit__(short, None, None, None) is None
+    assert type(_fast.Hold.__enter__).__name__ == "method_descriptor"
+    with pytest.raises(TypeError, match="doesn't apply to a 'object' object"):
+        vars(_fast.Hold)["__enter__"].__get__(object(), _fast.Hold)
+    assert not lock.is_locked()
+
+
+def test_a_lock_with_kept_bound_methods_is_collected(lock_name):
+    import gc
+    import weakref
+    lk = pyshmlock.RWLock(lock_name)
+    with lk.writer_lock:
+        pass
+    refs = [weakref.ref(lk), weakref.ref(lk.reader_lock), weakref.ref(lk.writer_lock)]
+    lk.close()
+    del lk
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
 def test_no_python_frame_on_the_uncontended_path(lock):
     hold = lock.write(timeout=1.0)
     events = []

@@ -1,5 +1,6 @@
 """Figure "pause-to-wake": N processes blocked at a gate; time from the release
 call to the last one running."""
+import os
 import statistics
 import time
 from functools import partial
@@ -167,8 +168,58 @@ class _FutexGate:
         pass
 
 
+class _AsyncioEventfdGate:
+    """The asyncio floor: no lock and no helper thread.  The controller
+    writes one eventfd that every waiter's loop watches (one write wakes
+    every epoll, as one FUTEX_WAKE wakes every sleeper); the loop's reader
+    callback completes a future and the awaiting task runs.  Each waiter runs
+    its task exactly as _PyshmlockAsyncGate does (one loop per process,
+    run_until_complete per round), so the difference between the two rows is
+    pyshmlock's own part of an asyncio wake-up: the futex, the watcher
+    thread's hand-off and the retry."""
+    label = "asyncio eventfd wake (floor)"
+
+    def __init__(self) -> None:
+        if not hasattr(os, "eventfd"):
+            raise ImportError("os.eventfd needs Python 3.10", name="os.eventfd")
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)    # inherited by fork
+
+    def arm(self) -> None:
+        try:
+            os.eventfd_read(self.fd)    # not readable until the next release
+        except BlockingIOError:
+            pass
+
+    def block(self) -> float:
+        import asyncio
+        if getattr(self, "loop", None) is None:      # one loop per waiter process
+            self.loop = asyncio.new_event_loop()
+        loop = self.loop
+
+        async def request() -> float:
+            fut = loop.create_future()
+
+            def on_readable() -> None:
+                loop.remove_reader(self.fd)     # level-triggered: watch no more
+                if not fut.done():
+                    fut.set_result(None)
+            loop.add_reader(self.fd, on_readable)
+            try:
+                await fut
+            finally:
+                loop.remove_reader(self.fd)
+            return time.monotonic()     # the task runs: that is the wake-up
+        return float(loop.run_until_complete(request()))
+
+    def release(self, n: int) -> None:
+        os.eventfd_write(self.fd, 1)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 GATE_PEERS: List[Callable[[], Any]] = [_PyshmlockGate, _PyshmlockAsyncGate, _FutexGate,
-                                        _EventGate, _PosixSemGate]
+                                        _EventGate, _PosixSemGate, _AsyncioEventfdGate]
 
 
 def pause_to_wake(counts: List[int], rounds: int) -> Dict[str, Any]:
