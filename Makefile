@@ -11,11 +11,12 @@ test:
 # without a single warning (the extensions against the Python headers).
 PY_INCLUDE = $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 CWARN = -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror
-# In the core, every function that is not static has its prototype in
-# shmlock.h (the API) or core/internal.h (hidden): nothing is exported by
-# accident (-Wmissing-prototypes).
+# In the core and the fast path, every function that is not static has its
+# prototype in shmlock.h (the API), core/internal.h or fastpath/fastpath.h
+# (hidden): nothing is exported by accident (-Wmissing-prototypes).
 warnings:
 	for c in csrc/*.c; do gcc $(CWARN) -I$(PY_INCLUDE) -Icsrc -c $$c -o /dev/null || exit 1; done
+	for c in csrc/fastpath/*.c; do gcc $(CWARN) -Wmissing-prototypes -I$(PY_INCLUDE) -Icsrc -Icsrc/fastpath -c $$c -o /dev/null || exit 1; done
 	for c in csrc/core/*.c; do gcc $(CWARN) -Wmissing-prototypes -Icsrc -Icsrc/core -c $$c -o /dev/null || exit 1; done
 
 # The whole test suite (or SANITIZE_TESTS="paths") against a core built with
@@ -67,4 +68,4 @@ wheels:
 	ls dist/*.whl
 
 clean:
-	rm -rf build dist *.egg-info pyshmlock/_shmlock.* pyshmlock/_fast.*.so csrc/*.o
+	rm -rf build dist *.egg-info pyshmlock/_shmlock.* pyshmlock/_fast.*.so csrc/*.o csrc/*/*.o

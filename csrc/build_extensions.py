@@ -1,5 +1,5 @@
 """Build script for the pyshmlock C core (cffi, out-of-line API mode) and
-for the fast-path extension pyshmlock._fast (csrc/fastpath.c).
+for the fast-path extension pyshmlock._fast (csrc/fastpath/).
 
 The C declarations are read from ``csrc/shmlock.h`` itself, minus its
 preprocessor guard and includes, so the binding can never drift from the
@@ -8,7 +8,7 @@ directly (``python csrc/build_extensions.py [OUTDIR]``) builds both
 extensions in place (or under OUTDIR).  It lives beside the C sources, not in
 the package: it builds the package and is never installed with it.
 
-The fast module is compiled from csrc/fastpath.c alone: it reaches the core
+The fast module is compiled from csrc/fastpath/ alone: it reaches the core
 through function pointers handed over at import (pyshmlock/_fastpath.py),
 so a process holds one copy of the core's code and static state.
 """
@@ -28,7 +28,10 @@ HEADERS = ("shmlock.h",)     # the lock core's API (the benchmark floors live in
 # The core: every C file of csrc/core/, one concern each (see its internal.h).
 CORE = os.path.join(CSRC, "core")
 SOURCES = tuple(sorted(os.path.join("core", f) for f in os.listdir(CORE) if f.endswith(".c")))
-FAST_SOURCE = "fastpath.c"
+# The fast-path extension: every C file of csrc/fastpath/.
+FAST = os.path.join(CSRC, "fastpath")
+FAST_SOURCES = tuple(sorted(os.path.join("fastpath", f) for f in os.listdir(FAST)
+                            if f.endswith(".c")))
 # The stable ABI of CPython 3.9: one binary for 3.9 and later.
 LIMITED_API = "0x03090000"
 
@@ -75,8 +78,8 @@ def fast_extension(absolute_paths=False):
     path = (lambda p: p) if absolute_paths else (lambda p: os.path.relpath(p, ROOT))
     return Extension(
         "pyshmlock._fast",
-        sources=[path(os.path.join(CSRC, FAST_SOURCE))],
-        include_dirs=[path(CSRC)],
+        sources=[path(os.path.join(CSRC, c)) for c in FAST_SOURCES],
+        include_dirs=[path(CSRC), path(FAST)],
         define_macros=[("Py_LIMITED_API", LIMITED_API)],
         py_limited_api=True,
         extra_compile_args=_cflags,

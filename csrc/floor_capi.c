@@ -2,15 +2,15 @@
  * floor_capi.c - the bare C-API call floor for the benchmarks: a module
  * whose noop() is a METH_NOARGS function that returns None.  Calling it
  * costs what any call from Python into a C method costs, and nothing else;
- * pyshmlock's fast path (fastpath.c) is measured against it.
+ * pyshmlock's fast path (csrc/fastpath/) is measured against it.
  *
  * noop_varargs(*args) and noop_fastcall(*args) take arguments the two ways a
  * 3.9 stable-ABI method can (a tuple, or METH_FASTCALL's C array): timing
  * them with one float argument gives the price of the calling convention
- * fastpath.c chose (see the METH_FASTCALL comment there).
+ * the fast path chose (see the METH_FASTCALL comment in fastpath/fastpath.h).
  *
  * Built only for benchmarking, at run time (pyshmlock/_floors.py), never
- * into the installed package.  Same stable-ABI settings as fastpath.c.
+ * into the installed package.  Same stable-ABI settings as the fast path.
  */
 #define Py_LIMITED_API 0x03090000
 #define PY_SSIZE_T_CLEAN
@@ -24,7 +24,7 @@ static PyObject *noop(PyObject *mod, PyObject *unused)
 }
 
 #ifndef METH_FASTCALL
-#define METH_FASTCALL 0x0080   /* stable since 3.7; see fastpath.c */
+#define METH_FASTCALL 0x0080   /* stable since 3.7; see fastpath/fastpath.h */
 #endif
 
 static PyObject *noop_varargs(PyObject *mod, PyObject *args)

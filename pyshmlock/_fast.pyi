@@ -1,4 +1,4 @@
-# Stub of the C fast-path module (csrc/fastpath.c).
+# Stub of the C fast-path module (csrc/fastpath/).
 from typing import Any, Callable, Dict, Optional, TypeVar
 
 _H = TypeVar("_H", bound="Hold")

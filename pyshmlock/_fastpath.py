@@ -1,4 +1,4 @@
-"""Wiring of the C fast path (``pyshmlock._fast``, source ``csrc/fastpath.c``).
+"""Wiring of the C fast path (``pyshmlock._fast``, source ``csrc/fastpath/``).
 
 The fast module does not contain the C core: it calls the core's entry
 points through a table of addresses taken here from the cffi module, so a

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 # ==================================================== C fast path (issue 14)
 # SyncHold's __enter__/__exit__ (and RWLock's hold calls, see lock.py) are
-# methods of C base types, pyshmlock._fast (csrc/fastpath.c).  Importing
+# methods of C base types, pyshmlock._fast (csrc/fastpath/).  Importing
 # pyshmlock._fastpath hands the base types the core's entry points, the
 # timeout rule and the error mapping before any class below exists.
 # Subclasses must not override those methods.
@@ -92,7 +92,7 @@ class SyncHold(_fastpath.Hold):
     """
 
     # ``SyncHold(lock, code, timeout)``.  __enter__/__exit__ are the C base's
-    # (csrc/fastpath.c): the uncontended enter and exit are one C call each,
+    # (csrc/fastpath/hold.c): the uncontended enter and exit are one C call each,
     # with no Python frame.  Do not override them here.
     __slots__ = ("__weakref__",)
 

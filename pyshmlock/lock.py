@@ -218,7 +218,7 @@ class RWLock(_fastpath.Lock):
         self.writer_lock = SyncHold(self, lib.SHL_KIND_WRITE, None)
         self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
         # Their bound __enter__/__exit__ are made once, not at every `with`
-        # (see "Bound methods kept" in csrc/fastpath.c).
+        # (see "Bound methods kept" in csrc/fastpath/hold.c).
         for hold in (self.reader_lock, self.writer_lock, self.update_lock):
             hold._keep_bound()
 

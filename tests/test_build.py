@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+import pyshmlock._fast as fast
 import pyshmlock._shmlock as core
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,3 +37,11 @@ def test_core_exports_only_its_api():
     stray = sorted(n for n in names if n not in api and not n.startswith("PyInit_")
                    and not n.startswith(("_init", "_fini", "_edata", "_end", "__bss_start")))
     assert not stray, f"exported beyond the API in shmlock.h: {stray}"
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="binutils' nm is needed")
+def test_fast_path_exports_only_its_init():
+    out = subprocess.run(["nm", "-D", "--defined-only", fast.__file__], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if re.match(r"\S+ [TDBRV] ", line)}
+    assert names - {"_init", "_fini", "_edata", "_end", "__bss_start"} == {"PyInit__fast"}, names

@@ -1,4 +1,4 @@
-"""The C fast path (csrc/fastpath.c, issue 14) keeps the exact behaviour of
+"""The C fast path (csrc/fastpath/, issue 14) keeps the exact behaviour of
 the Python methods it replaced: results, timeouts, errors and their messages,
 closed locks, signals during a wait; and it runs no Python frame and does not
 release the GIL when the call does not wait.  Nothing here measures speed."""

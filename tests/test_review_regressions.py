@@ -1,5 +1,5 @@
 """Regression tests for defects found by an outside review of the C core
-(csrc/core/, csrc/fastpath.c).  Each failed on the code before its fix."""
+(csrc/core/, csrc/fastpath/).  Each failed on the code before its fix."""
 import os
 import subprocess
 import sys

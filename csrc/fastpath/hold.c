@@ -1,0 +1,307 @@
+/*
+ * hold.c - _fast.Hold, the base type of the sync hold objects (reader_lock,
+ * read(timeout=...), ...): __enter__/__exit__ in C, and the bound methods a
+ * lock's long-lived holds keep so that `with lock.reader_lock:` allocates
+ * nothing.
+ */
+#include "fastpath.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <structmember.h>
+
+PyTypeObject *HoldType;
+
+/* The two methods whose bound objects a hold may keep (see "Bound
+ * methods kept" below), as indexes into HoldObject.bound. */
+#define BOUND_ENTER 0
+#define BOUND_EXIT 1
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *lock;             /* a _fast.Lock (an RWLock) */
+    PyObject *timeout;          /* None or the timeout given */
+    int kind;                   /* SHL_KIND_READ / WRITE / UPDATE */
+    PyObject *bound[2];         /* kept hold.__enter__ / hold.__exit__, or NULL */
+} HoldObject;
+
+static int hold_init(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"lock", "kind", "timeout", NULL};
+    HoldObject *ho = (HoldObject *)self;
+    PyObject *lock, *timeout = Py_None;
+    int kind;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Oi|O", kwlist, &lock, &kind, &timeout))
+        return -1;
+    if (!PyObject_TypeCheck(lock, LockType)) {
+        PyErr_SetString(PyExc_TypeError, "a hold needs a pyshmlock.RWLock");
+        return -1;
+    }
+    if (kind < KIND_MIN || kind > KIND_MAX) {
+        PyErr_Format(PyExc_ValueError, "unknown hold kind %d", kind);
+        return -1;
+    }
+    PyObject *old_lock = ho->lock, *old_timeout = ho->timeout;
+    Py_INCREF(lock);
+    ho->lock = lock;
+    Py_INCREF(timeout);
+    ho->timeout = timeout;
+    Py_XDECREF(old_lock);
+    Py_XDECREF(old_timeout);
+    ho->kind = kind;
+    return 0;
+}
+
+static PyObject *hold_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    HoldObject *ho = (HoldObject *)self;
+    if (ho->lock == NULL) {
+        PyErr_SetString(PyExc_TypeError, "hold not initialised");
+        return NULL;
+    }
+    /* Own references for the whole call: the GIL is released while we wait
+     * and Python code may run (deadline_ns, signal handlers), so another
+     * thread may re-initialise this hold and drop the last reference to
+     * the lock or timeout it had. */
+    PyObject *lock = ho->lock, *timeout = ho->timeout;
+    int kind = ho->kind;
+    Py_INCREF(lock);
+    Py_INCREF(timeout);
+    PyObject *result = NULL;
+    int64_t deadline;
+    if (to_deadline(timeout, &deadline) < 0)
+        goto done;
+    int r = acquire((LockObject *)lock, kind, deadline, HOLD_NAME[kind]);
+    if (r < 0)
+        goto done;
+    if (r == 0) {
+        PyObject *name = lock_name(lock);
+        if (name == NULL)
+            goto done;
+        PyErr_Format(PyExc_TimeoutError, "%s of lock %R not had within %S s",
+                     HOLD_NAME[kind], name, timeout);
+        Py_DECREF(name);
+        goto done;
+    }
+    Py_INCREF(self);
+    result = self;
+done:
+    Py_DECREF(lock);
+    Py_DECREF(timeout);
+    return result;
+}
+
+static PyObject *hold_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    HoldObject *ho = (HoldObject *)self;
+    if (!g_ready)
+        return not_ready(), NULL;
+    if (ho->lock == NULL) {
+        PyErr_SetString(PyExc_TypeError, "hold not initialised");
+        return NULL;
+    }
+    int kind = ho->kind;
+    int r = release(((LockObject *)ho->lock)->h, kind);
+    if (r == 0)
+        Py_RETURN_NONE;
+    int err = errno;
+    PyObject *what = PyUnicode_FromFormat("release of %s", HOLD_NAME[kind]);
+    if (what == NULL)
+        return NULL;
+    /* lock_name may run Python code: keep our own reference (hold_enter). */
+    PyObject *lock = ho->lock;
+    Py_INCREF(lock);
+    PyObject *name = lock_name(lock);
+    Py_DECREF(lock);
+    PyObject *exc = PyObject_CallFunction(g_error, "iOOi", r, what, name ? name : Py_None, err);
+    Py_DECREF(what);
+    Py_XDECREF(name);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static int hold_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    HoldObject *ho = (HoldObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(ho->lock);
+    Py_VISIT(ho->timeout);
+    Py_VISIT(ho->bound[BOUND_ENTER]);
+    Py_VISIT(ho->bound[BOUND_EXIT]);
+    return 0;
+}
+
+static int hold_clear(PyObject *self)
+{
+    HoldObject *ho = (HoldObject *)self;
+    Py_CLEAR(ho->lock);
+    Py_CLEAR(ho->timeout);
+    Py_CLEAR(ho->bound[BOUND_ENTER]);
+    Py_CLEAR(ho->bound[BOUND_EXIT]);
+    return 0;
+}
+
+static void hold_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    hold_clear(self);
+    freefunc free_fn = (freefunc)(uintptr_t)PyType_GetSlot(tp, Py_tp_free);
+    free_fn(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *hold_keep_bound(PyObject *self, PyObject *unused);
+
+static PyMethodDef hold_methods[] = {
+    /* BOUND_ENTER and BOUND_EXIT index these two entries. */
+    {"__enter__", hold_enter, METH_NOARGS, "Take the hold (TimeoutError if not had in time)."},
+    {"__exit__", FASTCALL(hold_exit), METH_FASTCALL, "Give the hold back."},
+    {"_keep_bound", hold_keep_bound, METH_NOARGS,
+     "Keep this hold's bound __enter__/__exit__ for every `with` (for the\n"
+     "long-lived holds of a lock: they form a reference cycle)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---------------------------------------------------- Bound methods kept
+ *
+ * `with hold:` looks up hold.__enter__ and hold.__exit__ through their
+ * descriptors, and on CPython before 3.14 each lookup allocates a bound
+ * builtin method (a GC-tracked object, tracked and freed again at the end
+ * of the block): two allocations that cost about as much as the hold
+ * itself.  The long-lived holds (lock.reader_lock, writer_lock,
+ * update_lock: RWLock.__init__ calls _keep_bound()) make those two bound
+ * objects once and keep them; a small descriptor, installed in place of
+ * the two method descriptors, hands out the kept object.
+ *
+ * Nothing visible changes: the kept object is what the method descriptor
+ * would have made (PyCFunction_NewEx of the same PyMethodDef with the hold
+ * as self, as CPython's method_get does for a method without METH_METHOD),
+ * holds without kept objects (lock.read(timeout=...)) get a fresh one as
+ * before, and class access (Hold.__enter__) still returns the method
+ * descriptor.  The kept objects refer back to the hold: a cycle, collected
+ * by the GC (hold_traverse/hold_clear see them); these holds are in a cycle
+ * with their lock already (lock.reader_lock._lock is lock). */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *descr;            /* the method descriptor it replaces (owned) */
+    int which;                  /* BOUND_ENTER or BOUND_EXIT */
+} KeptDescrObject;
+
+static PyTypeObject *KeptDescrType;
+
+static PyObject *hold_keep_bound(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    HoldObject *ho = (HoldObject *)self;
+    for (int i = BOUND_ENTER; i <= BOUND_EXIT; i++) {
+        if (ho->bound[i] != NULL)
+            continue;
+        PyObject *b = PyCFunction_NewEx(&hold_methods[i], self, NULL);
+        if (b == NULL)
+            return NULL;
+        ho->bound[i] = b;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *kept_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    KeptDescrObject *d = (KeptDescrObject *)self;
+    if (obj != NULL && PyObject_TypeCheck(obj, HoldType)) {
+        PyObject *b = ((HoldObject *)obj)->bound[d->which];
+        if (b != NULL) {
+            Py_INCREF(b);
+            return b;
+        }
+        return PyCFunction_NewEx(&hold_methods[d->which], obj, NULL);
+    }
+    /* Class access or a foreign object: the method descriptor's own
+     * answer (itself, or its TypeError). */
+    return PyObject_CallMethod(d->descr, "__get__", "OO", obj ? obj : Py_None,
+                               type ? type : Py_None);
+}
+
+/* Lives as long as the process (the Hold type's dict holds it): not GC
+ * tracked, so the cycle descr -> Hold type -> dict -> this is never freed,
+ * like the module's other types. */
+static void kept_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    Py_CLEAR(((KeptDescrObject *)self)->descr);
+    freefunc free_fn = (freefunc)(uintptr_t)PyType_GetSlot(tp, Py_tp_free);
+    free_fn(self);
+    Py_DECREF(tp);
+}
+
+static PyType_Slot kept_slots[] = {
+    {Py_tp_doc, (void *)"A method of pyshmlock._fast.Hold whose bound object a hold may keep."},
+    {Py_tp_descr_get, FN_SLOT(kept_get)},
+    {Py_tp_dealloc, FN_SLOT(kept_dealloc)},
+    {0, NULL},
+};
+
+static PyType_Spec kept_spec = {
+    "pyshmlock._fast._KeptMethod", sizeof(KeptDescrObject), 0, Py_TPFLAGS_DEFAULT, kept_slots,
+};
+
+/* Replace Hold.<hold_methods[which].ml_name> by a kept-method descriptor. */
+static int install_kept(int which)
+{
+    const char *name = hold_methods[which].ml_name;
+    PyObject *descr = PyObject_GetAttrString((PyObject *)HoldType, name);
+    if (descr == NULL)
+        return -1;
+    KeptDescrObject *d = PyObject_New(KeptDescrObject, KeptDescrType);
+    if (d == NULL) {
+        Py_DECREF(descr);
+        return -1;
+    }
+    d->descr = descr;
+    d->which = which;
+    int r = PyObject_SetAttrString((PyObject *)HoldType, name, (PyObject *)d);
+    Py_DECREF(d);
+    return r;
+}
+
+static PyMemberDef hold_members[] = {
+    {"_lock", T_OBJECT, offsetof(HoldObject, lock), READONLY, "the RWLock"},
+    {"_timeout", T_OBJECT, offsetof(HoldObject, timeout), READONLY, "the timeout"},
+    {"_kind", T_INT, offsetof(HoldObject, kind), READONLY, "SHL_KIND_*"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot hold_slots[] = {
+    {Py_tp_doc, (void *)"Base type of the sync hold objects: __enter__/__exit__ in C."},
+    {Py_tp_methods, hold_methods},
+    {Py_tp_members, hold_members},
+    {Py_tp_init, FN_SLOT(hold_init)},
+    {Py_tp_new, FN_SLOT(PyType_GenericNew)},
+    {Py_tp_traverse, FN_SLOT(hold_traverse)},
+    {Py_tp_clear, FN_SLOT(hold_clear)},
+    {Py_tp_dealloc, FN_SLOT(hold_dealloc)},
+    {0, NULL},
+};
+
+PyType_Spec hold_spec = {
+    "pyshmlock._fast.Hold", sizeof(HoldObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, hold_slots,
+};
+
+
+/* Make the kept-method type and put its descriptors on Hold (module.c
+ * calls this once HoldType exists).  0, or -1 with an exception set. */
+int hold_install_kept(void)
+{
+    KeptDescrType = (PyTypeObject *)PyType_FromSpec(&kept_spec);
+    if (KeptDescrType == NULL)
+        return -1;
+    return install_kept(BOUND_ENTER) < 0 || install_kept(BOUND_EXIT) < 0 ? -1 : 0;
+}

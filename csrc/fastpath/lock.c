@@ -1,0 +1,186 @@
+/*
+ * lock.c - _fast.Lock, the base type of pyshmlock.RWLock: acquire_read/
+ * write/update(timeout=None) as METH_FASTCALL methods, the releases, and
+ * the `paused` property, each one C call into the core (calls.c).
+ */
+#include "fastpath.h"
+
+#include <errno.h>
+
+PyTypeObject *LockType;
+
+/* Parse (timeout=None) from a vectorcall; NULL on error. */
+static PyObject *timeout_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    PyObject *timeout = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 1 argument (%zd given)",
+                     fname, nargs + nkw);
+        return NULL;
+    }
+    if (nargs == 1)
+        timeout = args[0];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GetItem(kwnames, i);
+        if (k == NULL)
+            return NULL;
+        if (PyUnicode_CompareWithASCIIString(k, "timeout") != 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
+                         fname, k);
+            return NULL;
+        }
+        if (nargs == 1) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument 'timeout'",
+                         fname);
+            return NULL;
+        }
+        timeout = args[nargs + i];
+    }
+    return timeout;   /* borrowed */
+}
+
+static PyObject *lock_acquire(PyObject *self, int kind, PyObject *const *args,
+                              Py_ssize_t nargs, PyObject *kwnames)
+{
+    LockObject *lk = (LockObject *)self;
+    const char *what = ACQUIRE_NAME[kind];
+    int64_t deadline = -1;
+    if (nargs != 0 || kwnames != NULL) {
+        PyObject *timeout = timeout_arg(what, args, nargs, kwnames);
+        if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
+            return NULL;
+    }
+    int r = acquire(lk, kind, deadline, what);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+static PyObject *lock_acquire_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    return lock_acquire(self, SHL_KIND_READ, args, nargs, kwnames);
+}
+
+static PyObject *lock_acquire_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    return lock_acquire(self, SHL_KIND_WRITE, args, nargs, kwnames);
+}
+
+static PyObject *lock_acquire_update(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
+{
+    return lock_acquire(self, SHL_KIND_UPDATE, args, nargs, kwnames);
+}
+
+static PyObject *lock_release(PyObject *self, int kind)
+{
+    if (!g_ready)
+        return not_ready(), NULL;
+    int r = release(((LockObject *)self)->h, kind);
+    if (r == 0)
+        Py_RETURN_NONE;
+    int err = errno;
+    PyObject *name = lock_name(self);
+    raise_rc(r, RELEASE_NAME[kind], name, err);
+    Py_XDECREF(name);
+    return NULL;
+}
+
+static PyObject *lock_release_read(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return lock_release(self, SHL_KIND_READ);
+}
+
+static PyObject *lock_release_write(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return lock_release(self, SHL_KIND_WRITE);
+}
+
+static PyObject *lock_release_update(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return lock_release(self, SHL_KIND_UPDATE);
+}
+
+static PyObject *lock_paused(PyObject *self, void *closure)
+{
+    (void)closure;
+    if (!g_ready)
+        return not_ready(), NULL;
+    int r = core.is_paused(((LockObject *)self)->h);
+    if (r < 0) {                /* closed (SHL_ECLOSED) or another error */
+        PyObject *name = lock_name(self);
+        raise_rc(r, "paused", name, errno);
+        Py_XDECREF(name);
+        return NULL;
+    }
+    return PyBool_FromLong(r == 1);
+}
+
+/* _fast_bind(address): the shl_lock * this object uses; 0 when closed. */
+static PyObject *lock_bind(PyObject *self, PyObject *addr)
+{
+    void *p = PyLong_AsVoidPtr(addr);
+    if (p == NULL && PyErr_Occurred())
+        return NULL;
+    ((LockObject *)self)->h = (shl_lock *)p;
+    Py_RETURN_NONE;
+}
+
+static void lock_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    freefunc free_fn = (freefunc)(uintptr_t)PyType_GetSlot(tp, Py_tp_free);
+    free_fn(self);
+    Py_DECREF(tp);   /* heap-type instances own a reference to their type */
+}
+
+static PyMethodDef lock_methods[] = {
+    {"acquire_read", FASTCALL_KW(lock_acquire_read), METH_FASTCALL | METH_KEYWORDS,
+     "acquire_read(timeout=None) -> bool\n\nTake a shared hold.  Waits while the lock "
+     "is paused, or while a writer\nholds it or queued before this reader."},
+    {"release_read", lock_release_read, METH_NOARGS,
+     "Give back one read hold of this process (RuntimeError if none)."},
+    {"acquire_write", FASTCALL_KW(lock_acquire_write), METH_FASTCALL | METH_KEYWORDS,
+     "acquire_write(timeout=None) -> bool\n\nTake the exclusive hold: blocks new readers "
+     "at once, then waits for\nevery read hold in every process, paused or not."},
+    {"release_write", lock_release_write, METH_NOARGS,
+     "Give back this process's write hold (RuntimeError if none)."},
+    {"acquire_update", FASTCALL_KW(lock_acquire_update), METH_FASTCALL | METH_KEYWORDS,
+     "acquire_update(timeout=None) -> bool\n\nTake the pause-aware exclusive hold.\n\n"
+     "Exclusive against every write or update hold.  If the lock is paused\nit does not "
+     "wait for readers (the pause froze them) and it pins the\npause: resume() waits until "
+     "the update is released.  If not paused\nit waits for readers like a writer, and "
+     "proceeds at once if a pause\narrives while it waits."},
+    {"release_update", lock_release_update, METH_NOARGS,
+     "Give back this process's update hold (RuntimeError if none)."},
+    {"_fast_bind", lock_bind, METH_O,
+     "_fast_bind(address): the shl_lock * the fast methods use (0: closed)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef lock_getset[] = {
+    {"paused", lock_paused, NULL, "Whether the gate is closed (one shared-memory load).",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot lock_slots[] = {
+    {Py_tp_doc, (void *)"Base type of pyshmlock.RWLock: the hold calls in C."},
+    {Py_tp_methods, lock_methods},
+    {Py_tp_getset, lock_getset},
+    {Py_tp_dealloc, FN_SLOT(lock_dealloc)},
+    {Py_tp_new, FN_SLOT(PyType_GenericNew)},
+    {0, NULL},
+};
+
+PyType_Spec lock_spec = {
+    "pyshmlock._fast.Lock", sizeof(LockObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, lock_slots,
+};
