@@ -440,11 +440,13 @@ def test_a_task_raising_out_of_its_wake_up_does_not_strand_the_others(lock_name)
         t1 = loop.create_task(interrupted())
         t2 = loop.create_task(reader())
         await asyncio.sleep(0.05)                 # both parked
-        threading.Thread(target=other.resume).start()
         return t1, t2
 
     try:
         t1, t2 = loop.run_until_complete(park_both())
+        # Resume only once the loop has stopped: a wake-up inside the run
+        # above would raise KeyboardInterrupt out of it, into the test runner.
+        threading.Thread(target=other.resume).start()
         with pytest.raises(KeyboardInterrupt):
             loop.run_until_complete(t1)
         assert got == ["first"]
