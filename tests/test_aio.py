@@ -367,7 +367,7 @@ def test_a_woken_park_future_runs_its_task_inside_the_wake_call():
     """_ParkFuture.wake() (what the watcher's reader callback calls) runs the
     parked task's step before it returns: no call_soon, no second pass of the
     loop.  set_result() and cancel() schedule it, as asyncio.Future does."""
-    from pyshmlock.aio import _ParkFuture
+    from pyshmlock._park import _ParkFuture
 
     async def main():
         loop = asyncio.get_running_loop()

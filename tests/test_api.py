@@ -15,7 +15,7 @@ import pytest
 from holders import hold_until_told
 
 import pyshmlock
-from pyshmlock import aio
+from pyshmlock import _park
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -409,14 +409,14 @@ def test_close_prunes_helper_and_its_thread(lock_name):
     async def main():
         t = asyncio.create_task(alock.wait_resumed())
         await asyncio.sleep(0.05)
-        assert key in aio._helpers
+        assert key in _park._helpers
         await alock.resume()
         await asyncio.wait_for(t, 5)
 
     asyncio.run(main())
     threads = [t for t in threading.enumerate() if t.name == f"pyshmlock-aio-{lock_name}"]
     alock.close()
-    assert key not in aio._helpers
+    assert key not in _park._helpers
     for t in threads:
         t.join(2)
         assert not t.is_alive(), "the helper thread outlived close()"
