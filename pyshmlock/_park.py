@@ -9,11 +9,12 @@ last close refuses while tasks of this process are parked on it (a close
 hook), then stops the watcher.
 """
 import asyncio
+import collections
 import contextvars
 import os
 import threading
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from ._attachment import _Attachment, _close_hooks
 from ._shmlock import ffi, lib
@@ -100,23 +101,39 @@ class _ParkFuture:
             self._loop.call_soon(fn, self, context=ctx)
 
     def wake(self) -> None:
-        """Complete it and run its callbacks (the task's wake-up) now.  Only
-        from a loop callback (no task running): the watcher's reader."""
+        """Complete it and run its callbacks (the task's wake-up) now, from
+        the watcher's reader callback.  If a task is running (a loop that
+        dispatches I/O inside a task, as a nested GUI loop does), a task
+        cannot be stepped inside it: complete it as usual (call_soon)."""
         if self._state:
             return
-        self._state = 1
-        callbacks, self._callbacks = self._callbacks, []
-        for i, (fn, ctx) in enumerate(callbacks):
-            try:
-                ctx.run(fn, self)
-            except (SystemExit, KeyboardInterrupt):
-                for later in callbacks[i + 1:]:     # not lost: run them as usual
-                    self._loop.call_soon(later[0], self, context=later[1])
-                raise
-            except BaseException as exc:     # as a Handle would report it
-                self._loop.call_exception_handler({
-                    "message": f"Exception in callback {fn!r}", "exception": exc,
-                    "future": self})
+        if asyncio.current_task(self._loop) is not None:
+            self.set_result(None)
+            return
+        callbacks = self._callbacks
+        i = 0
+        try:
+            self._state = 1
+            self._callbacks = []
+            while i < len(callbacks):
+                fn, ctx = callbacks[i]
+                i += 1
+                try:
+                    ctx.run(fn, self)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:     # as a Handle would report it
+                    self._loop.call_exception_handler({
+                        "message": f"Exception in callback {fn!r}", "exception": exc,
+                        "future": self})
+        finally:
+            # Interrupted (KeyboardInterrupt, SystemExit, or a signal handler
+            # raising anywhere above): the callbacks not run yet still run,
+            # as usual.  Nothing is lost.
+            self._state = 1
+            self._callbacks = []
+            for fn, ctx in callbacks[i:]:
+                self._loop.call_soon(fn, self, context=ctx)
 
     def __await__(self) -> Any:
         if not self._state:
@@ -147,17 +164,33 @@ def _wake_futures(futures: List[_ParkFuture]) -> None:
             f.set_result(None)
 
 
-class _LoopWake:
-    """One event loop's eventfd for one helper, and its parked attempts.
-
-    Kept as long as the loop object lives, so that parking again costs no
-    system call.  Holds no reference to its loop (the helper keys it weakly
-    by loop).  fd is -1 once closed; only the helper's mu changes it."""
-    __slots__ = ("__weakref__", "fd", "parked")
+class _Fd:
+    """An eventfd number, -1 once closed (only under the helper's mu)."""
+    __slots__ = ("fd",)
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+
+
+class _LoopWake:
+    """One event loop's eventfd for one helper, and its parked attempts.
+
+    Owned by the loop, through the reader callback registered for its fd:
+    it lives while the loop watches the fd, so that parking again costs no
+    system call, and goes with the loop.  The helper refers to it only
+    weakly, so a parked task (which refers to its loop) never keeps a
+    closed loop, or itself, alive: when both are dropped the task's
+    coroutine is closed and withdraws its attempt.  When it goes, its fd is
+    dropped from the watcher and closed (a finalizer on it)."""
+    __slots__ = ("__weakref__", "box", "parked")
+
+    def __init__(self, fd: int) -> None:
+        self.box = _Fd(fd)
         self.parked: Dict[int, _Parked] = {}
+
+    @property
+    def fd(self) -> int:
+        return self.box.fd
 
 
 class _Helper:
@@ -176,7 +209,10 @@ class _Helper:
         self.pid = os.getpid()
         self.mu = threading.Lock()
         self.closed = False
-        self.loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWake] = \
+        self._dead: Deque[_Fd] = collections.deque()   # fds of loops that are gone
+        # loop -> its _LoopWake, both weakly (see _LoopWake).
+        self.loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
+                                              weakref.ref[_LoopWake]] = \
             weakref.WeakKeyDictionary()
         self.watcher = lib.shl_watcher_new(handle)
         if self.watcher == ffi.NULL:
@@ -189,7 +225,9 @@ class _Helper:
         with self.mu:
             if self.closed:
                 return False
-            lw = self.loops.get(p.loop)
+            self._reap_dead()
+            ref = self.loops.get(p.loop)
+            lw = ref() if ref is not None else None
             if lw is None:
                 lw = self._add_loop(p.loop)
             rc = lib.shl_watcher_park(self.watcher, p.waiter, self._gen)
@@ -209,14 +247,31 @@ class _Helper:
             raise error_for(fd, "park", self.name)
         lw = _LoopWake(fd)
         try:
-            loop.add_reader(fd, self._on_wake, lw)
+            # In an empty context: the reader lives as long as the loop and
+            # must not keep the context (and request objects) of the task
+            # that happened to park first.
+            contextvars.Context().run(loop.add_reader, fd, self._on_wake, lw)
         except BaseException:
             lib.shl_watcher_drop_loop(self.watcher, fd)
             os.close(fd)
             raise
-        self.loops[loop] = lw
-        weakref.finalize(loop, self._close_fd, lw)
+        self.loops[loop] = weakref.ref(lw)
+        # When lw goes (its loop closed or gone), its fd is closed at the
+        # helper's next park or close: a finalizer runs inside the garbage
+        # collector, in whatever thread and under whatever lock that thread
+        # holds, so it only queues the fd (deque.append takes no lock).
+        weakref.finalize(lw, self._dead.append, lw.box)
         return lw
+
+    def _reap_dead(self) -> None:
+        # Caller holds mu: close the fds of loops that are gone.
+        while self._dead:
+            box = self._dead.popleft()
+            if box.fd >= 0 and os.getpid() == self.pid:
+                if not self.closed:
+                    lib.shl_watcher_drop_loop(self.watcher, box.fd)
+                os.close(box.fd)
+                box.fd = -1
 
     def unpark(self, p: _Parked) -> None:
         """Forget p (on p.loop's thread): cancelled, timed out, or woken
@@ -240,45 +295,51 @@ class _Helper:
         parked = lw.parked
         if not parked:
             return
-        lw.parked = {}
-        with self.mu:
-            if not self.closed:
-                gen = lib.shl_watcher_gen(self.watcher)
-                for p in parked.values():
-                    if p.gen == gen:
-                        lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
-        # Each task retries now, in this callback (nothing if it was
-        # cancelled meanwhile).  If one raises out of it (KeyboardInterrupt,
-        # SystemExit), the others still wake, through call_soon.
         woken = list(parked.values())
+        lw.parked = {}
         i = 0
         try:
+            with self.mu:
+                if not self.closed:
+                    gen = lib.shl_watcher_gen(self.watcher)
+                    for p in woken:
+                        if p.gen == gen:
+                            lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+            # Each task retries now, in this callback (nothing if it was
+            # cancelled meanwhile).
             while i < len(woken):
                 i += 1
                 woken[i - 1].future.wake()
         finally:
+            # Interrupted anywhere above (KeyboardInterrupt, SystemExit): the
+            # tasks not woken yet still wake, through call_soon.
             for p in woken[i:]:
                 if not p.future.done():
                     p.future.set_result(None)
 
-    def _close_fd(self, lw: _LoopWake) -> None:
+    def _close_fd(self, box: _Fd) -> None:
         # The loop is gone (or forgets us): the watcher writes to fd no more.
         if os.getpid() != self.pid:
             return      # a forked child: the parent's locks may be held forever
         with self.mu:
-            if lw.fd < 0:
+            if box.fd < 0:
                 return
             if not self.closed:
-                lib.shl_watcher_drop_loop(self.watcher, lw.fd)
-            os.close(lw.fd)
-            lw.fd = -1
+                lib.shl_watcher_drop_loop(self.watcher, box.fd)
+            os.close(box.fd)
+            box.fd = -1
 
     def _forget(self, loop: asyncio.AbstractEventLoop, lw: _LoopWake) -> None:
         try:
             if lw.fd >= 0:
                 loop.remove_reader(lw.fd)
         finally:
-            self._close_fd(lw)
+            self._close_fd(lw.box)
+
+    def live_loops(self) -> List[Tuple[asyncio.AbstractEventLoop, _LoopWake]]:
+        """(loop, its _LoopWake) for every loop still watched.  Caller holds mu."""
+        found = [(loop, ref()) for loop, ref in list(self.loops.items())]
+        return [(loop, lw) for loop, lw in found if lw is not None]
 
     def close(self) -> None:
         """Stop watching: mark closed, wake every parked task (each retries
@@ -287,8 +348,9 @@ class _Helper:
         with self.mu:
             if self.closed:
                 return
+            self._reap_dead()
             self.closed = True
-            loops = list(self.loops.items())
+            loops = self.live_loops()
             self.loops.clear()
         for loop, lw in loops:
             try:
@@ -302,7 +364,7 @@ class _Helper:
             try:
                 loop.call_soon_threadsafe(self._forget, loop, lw)
             except RuntimeError:
-                self._close_fd(lw)      # a closed loop watches nothing any more
+                self._close_fd(lw.box)  # a closed loop watches nothing any more
 
 
 _helpers: Dict[Tuple[int, int], _Helper] = {}
@@ -326,13 +388,24 @@ def _before_close(att: _Attachment) -> None:
     """The last close of an attachment: refuse while tasks of this process
     are parked on it (LockInUseError); otherwise forget its helper and stop
     the watcher thread before the core closes the handle (the thread counts
-    as a call in flight, so the core would refuse while it runs)."""
+    as a call in flight, so the core would refuse while it runs).
+
+    Tasks parked on a loop that is closed can never run again: their
+    attempts are withdrawn here (shl_cancel), as their own cancellation
+    would have done, instead of refusing the close forever."""
     with _helpers_lock:
         helper = _helpers.get(att.key)
         if helper is None:
             return
         with helper.mu:
-            waiting = sum(len(lw.parked) for lw in helper.loops.values())
+            waiting = 0
+            for loop, lw in helper.live_loops():
+                if loop.is_closed():
+                    abandoned, lw.parked = list(lw.parked.values()), {}
+                    for p in abandoned:
+                        lib.shl_cancel(att.handle, p.waiter)
+                else:
+                    waiting += len(lw.parked)
         if waiting:
             raise LockInUseError(
                 f"lock {att.name!r}: close() while {waiting} asyncio task(s) of this "

@@ -32,16 +32,16 @@ def _tmp_left(tmp_path):
     return [f for f in os.listdir(tmp_path) if f.startswith("pyshmlock-")]
 
 
-def _etcd_of(_):
-    """Running etcd processes with a pyshmlock test/demo data dir."""
-    out = subprocess.run(["pgrep", "-f", "data-dir .*pyshmlock-etcd-"],
+def _etcd_of(tmp_path):
+    """Running etcd processes whose data dir is under tmp_path: this test's
+    own (another test run's etcds on the machine are none of its business)."""
+    out = subprocess.run(["pgrep", "-f", f"data-dir {tmp_path}/.*pyshmlock-etcd-"],
                          capture_output=True, text=True).stdout
     return out.split()
 
 
 @pytest.mark.timeout(150)
 def test_cluster_demo_passes_and_cleans_up(tmp_path):
-    before = set(_etcd_of(0))
     p = subprocess.Popen([sys.executable, "-m", "pyshmlock", "cluster-demo"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=_env(tmp_path))
@@ -59,14 +59,13 @@ def test_cluster_demo_passes_and_cleans_up(tmp_path):
     assert "x one etcd write round-trip" in table
     segs, _ = _leftovers(p.pid)
     assert segs == []
-    assert set(_etcd_of(0)) <= before
+    assert _etcd_of(tmp_path) == []
     assert _tmp_left(tmp_path) == []
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_cluster_demo_signal_leaves_nothing(sig, tmp_path):
-    before = set(_etcd_of(0))
     p = subprocess.Popen([sys.executable, "-m", "pyshmlock", "cluster-demo"],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                          env=_env(tmp_path))
@@ -78,26 +77,26 @@ def test_cluster_demo_signal_leaves_nothing(sig, tmp_path):
             assert line and time.monotonic() < give_up, "the demo did not start"
         p.send_signal(sig)
         p.wait(30)
+        give_up = time.monotonic() + 10
+        while True:
+            out = subprocess.run(["pgrep", "-af", "pyshmlock.cluster._simhost|pyshmlock agent"],
+                                 capture_output=True, text=True).stdout
+            mine = [ln for ln in out.splitlines() if f"cdemo-{p.pid}-" in ln]
+            etcds = _etcd_of(tmp_path)
+            if not mine and not etcds:
+                break
+            assert time.monotonic() < give_up, f"left running: {mine} {etcds}"
+            time.sleep(0.1)
+        if sig != signal.SIGKILL:
+            assert _leftovers(p.pid)[0] == []
+            assert _tmp_left(tmp_path) == []
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(5)
-    give_up = time.monotonic() + 10
-    while True:
-        out = subprocess.run(["pgrep", "-af", "pyshmlock.cluster._simhost|pyshmlock agent"],
-                             capture_output=True, text=True).stdout
-        mine = [ln for ln in out.splitlines() if f"cdemo-{p.pid}-" in ln]
-        etcds = set(_etcd_of(0)) - before
-        if not mine and not etcds:
-            break
-        assert time.monotonic() < give_up, f"left running: {mine} {etcds}"
-        time.sleep(0.1)
-    if sig != signal.SIGKILL:
-        assert _leftovers(p.pid)[0] == []
-        assert _tmp_left(tmp_path) == []
-    else:
         # SIGKILL runs no code: its children die with it (PDEATHSIG), but its
-        # segments and temp dirs stay; clean them up here.
+        # segments and temp dirs stay; and a failed check above must not
+        # leave them either.
         for f in _leftovers(p.pid)[0]:
             os.unlink(os.path.join("/dev/shm", f))
         for f in _tmp_left(tmp_path):

@@ -202,7 +202,10 @@ int shl_observe_open(const char *name, shl_observer **out)
     if (!valid_name(name))
         return SHL_EINVAL;
     snprintf(path, sizeof path, "/pyshmlock.%s", name);
-    shl_observer probe = {shm_open(path, O_RDONLY | O_CLOEXEC, 0), 0};
+    /* O_NONBLOCK: anyone can mkfifo a name in /dev/shm, and opening a FIFO
+     * for reading would block until a writer comes.  (No effect on a
+     * regular file; pread never blocks on one.) */
+    shl_observer probe = {shm_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC, 0), 0};
     if (probe.fd < 0)
         return SHL_ESYS;
     struct stat st;
@@ -210,6 +213,8 @@ int shl_observe_open(const char *name, shl_observer **out)
     int r = SHL_OK;
     if (fstat(probe.fd, &st) != 0)
         r = SHL_ESYS;
+    else if (!S_ISREG(st.st_mode))
+        r = SHL_EFOREIGN;   /* a FIFO, a socket, ...: never a lock */
     else if (st.st_size == 0)
         r = SHL_EINIT;   /* no wait for a creator: it sets the size before any byte */
     else if ((size_t)st.st_size < sizeof hd)
@@ -219,9 +224,11 @@ int shl_observe_open(const char *name, shl_observer **out)
     if (r == SHL_OK && atomic_load_explicit(&hd.ready, memory_order_relaxed) != SHL_READY) {
         r = (hd.magic != 0 && hd.magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
     } else if (r == SHL_OK) {
-        /* READY was seen in the first copy; the creator stored it with
-         * release after everything else (init_segment), so a second copy
-         * taken after this acquire fence holds the finished header. */
+        /* READY was seen in the first copy; the creator stores it last, with
+         * release (init_segment).  A kernel copy gives no formal ordering,
+         * so the second copy is what counts, and it is fully validated:
+         * a stale or torn header is a clear error, never an unsafe access.
+         * The fence keeps our own loads of it after the check above. */
         atomic_thread_fence(memory_order_acquire);
         r = observe_read(&probe, &hd, sizeof hd, 0);
         if (r == SHL_OK)

@@ -93,6 +93,8 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
         struct stat st;
         if (fstat(fd, &st) != 0)
             return SHL_ESYS;
+        if (!S_ISREG(st.st_mode))
+            return SHL_EFOREIGN;   /* a FIFO (anyone can mkfifo in /dev/shm), ... */
         /* A creator sets the full size (ftruncate) before it writes a byte:
          * a non-empty segment shorter than our header is not one of ours. */
         if (st.st_size > 0 && (size_t)st.st_size < sizeof(struct shl_header))

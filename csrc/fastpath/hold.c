@@ -207,7 +207,12 @@ static PyObject *hold_keep_bound(PyObject *self, PyObject *unused)
         PyObject *b = PyCFunction_NewEx(&hold_methods[i], self, NULL);
         if (b == NULL)
             return NULL;
-        ho->bound[i] = b;
+        /* The allocation may run the GC and with it another thread, which
+         * may have kept one meanwhile: keep the first, drop ours. */
+        if (ho->bound[i] == NULL)
+            ho->bound[i] = b;
+        else
+            Py_DECREF(b);
     }
     Py_RETURN_NONE;
 }
@@ -241,8 +246,20 @@ static void kept_dealloc(PyObject *self)
     Py_DECREF(tp);
 }
 
+/* Only install_kept makes these (Py_TPFLAGS_DISALLOW_INSTANTIATION needs
+ * 3.10; the build targets the 3.9 stable ABI). */
+static PyObject *kept_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    (void)type;
+    (void)args;
+    (void)kwds;
+    PyErr_SetString(PyExc_TypeError, "cannot create 'pyshmlock._fast._KeptMethod' instances");
+    return NULL;
+}
+
 static PyType_Slot kept_slots[] = {
     {Py_tp_doc, (void *)"A method of pyshmlock._fast.Hold whose bound object a hold may keep."},
+    {Py_tp_new, FN_SLOT(kept_new)},
     {Py_tp_descr_get, FN_SLOT(kept_get)},
     {Py_tp_dealloc, FN_SLOT(kept_dealloc)},
     {0, NULL},
