@@ -348,17 +348,24 @@ def test_cancelled_waiting_reader_leaves_lock_usable(make_lock):
     run(body)
 
 
+async def reader_behind_cancelled_writer(lk):
+    """Hold a read, queue a writer, queue a reader behind it (it must
+    block), then cancel the writer.  Returns the queued reader's task."""
+    await lk.acquire_reader()
+    w = asyncio.create_task(lk.acquire_writer())
+    await until(lambda: lk._waiting_writers == 1)
+    blocked = asyncio.create_task(lk.acquire_reader())
+    assert await stays_blocked(blocked)
+    w.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await w
+    return blocked
+
+
 def test_cancelled_waiting_writer_leaves_lock_usable(make_lock):
     async def body():
         lk = make_lock()
-        await lk.acquire_reader()
-        w = asyncio.create_task(lk.acquire_writer())
-        await until(lambda: lk._waiting_writers == 1)
-        blocked = asyncio.create_task(lk.acquire_reader())
-        assert await stays_blocked(blocked)
-        w.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await w
+        blocked = await reader_behind_cancelled_writer(lk)
         assert lk._waiting_writers == 0 and not lk._writer_active
         await lk.release_reader()
         await asyncio.wait_for(blocked, 5)      # at the latest now
@@ -383,14 +390,7 @@ def test_cancelled_waiting_writer_leaves_lock_usable(make_lock):
 def test_cancelled_waiting_writer_wakes_queued_reader(make_lock):
     async def body():
         lk = make_lock()
-        await lk.acquire_reader()
-        w = asyncio.create_task(lk.acquire_writer())
-        await until(lambda: lk._waiting_writers == 1)
-        blocked = asyncio.create_task(lk.acquire_reader())
-        assert await stays_blocked(blocked)
-        w.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await w
+        blocked = await reader_behind_cancelled_writer(lk)
         try:
             done, _ = await asyncio.wait({blocked}, timeout=1)
             assert done, "the reader queued behind the cancelled writer still waits"
