@@ -140,6 +140,13 @@ class AsyncHold:
         if rc:
             raise error_for(rc, "release of " + self._what, self.lock.name)
 
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop.  Python 3.9's asyncio.Condition(lock) compares
+        ``lock._loop`` with its own loop; a hold has no loop of its own (it
+        works on any), so it answers with the caller's."""
+        return asyncio.get_event_loop()
+
     def locked(self) -> bool:
         """Whether a new hold of this kind would have to wait now."""
         return hold_would_wait(self.lock, self._code)

@@ -79,6 +79,8 @@ def _wheel():
 @pytest.fixture(scope="module")
 def sglang_aio_rwlock(tmp_path_factory):
     """SGLang 0.5.23's aio_rwlock module, imported from the wheel's file."""
+    if sys.version_info < (3, 11):
+        pytest.skip("SGLang 0.5.23 supports Python 3.11 and later only (its Requires-Python)")
     with zipfile.ZipFile(_wheel()) as z:
         source = z.read(MEMBER)
     path = tmp_path_factory.mktemp("sglang") / "aio_rwlock.py"
@@ -172,10 +174,10 @@ def test_sglang_rwlock_api_is_asyncrwlock_api(sglang_aio_rwlock, adapted):
 # -- differential: one body, both locks ---------------------------------------
 
 @pytest.fixture(params=["sglang-0.5.23", "pyshmlock"])
-def make_lock(request, sglang_aio_rwlock, adapted):
+def make_lock(request, adapted):
     if request.param == "pyshmlock":
         return adapted
-    return sglang_aio_rwlock.RWLock
+    return request.getfixturevalue("sglang_aio_rwlock").RWLock
 
 
 def run(body, timeout=10):
@@ -381,11 +383,17 @@ def test_cancelled_waiting_writer_leaves_lock_usable(make_lock):
 # queued behind that writer waits for the remaining readers to leave.  The
 # unit tests SGLang added later (test_aio_rwlock_cancellation.py) expect the
 # wake and fail on 0.5.23; this test records that, and that AsyncRWLock
-# wakes the reader.
+# wakes the reader.  From Python 3.13 on, asyncio.Condition.wait() itself
+# passes a wake-up on to another waiter when a waiter is cancelled, which
+# hides SGLang's bug (3.12 patch releases may have that too: not strict).
+_SGLANG_WRITER_CANCEL_BUG = sys.version_info < (3, 13)
+
+
 @pytest.mark.parametrize("make_lock", [
     pytest.param("sglang-0.5.23", marks=pytest.mark.xfail(
-        strict=True, reason="SGLang 0.5.23: a cancelled waiting writer wakes "
-                            "no reader (SGLang's newer unit tests expect it)")),
+        condition=_SGLANG_WRITER_CANCEL_BUG, strict=sys.version_info < (3, 12),
+        reason="SGLang 0.5.23 on Python < 3.13: a cancelled waiting writer wakes "
+               "no reader (SGLang's newer unit tests expect it)")),
     "pyshmlock"], indirect=True)
 def test_cancelled_waiting_writer_wakes_queued_reader(make_lock):
     async def body():
