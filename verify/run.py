@@ -166,6 +166,11 @@ MUTANTS: Dict[str, Mutant] = {
     "HWM_STALE": Mutant(TWO,
                         "the writer loads the slots' high-water mark before its claim, "
                         "not after: a reader that attached in between is missed"),
+    "NO_SAFETY_NET": Mutant(free3_victim(2, W),
+                            "no safety net: a reader asleep before a writer attached is "
+                            "never woken when that writer dies between its claim and its "
+                            "wake-up (found by the full run of this configuration)",
+                            quick=False),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "

@@ -357,11 +357,26 @@ inline wait_drain() {
     wait_done(s)
 }
 
+/* A process that died unreclaimed and that this sleeper does not watch:
+ * it attached after the sleeper took its watch set, so no death wake-up
+ * reaches the sleeper.  Only the safety net (SAFETY_NET_NS in wait.c: every
+ * sleep ends within 100 ms, and the retry watches afresh) covers it.  The
+ * net is modelled for this case only: elsewhere a wake-up the design owes
+ * must come from its waker, or the search reports it lost. */
+#define DIED_UNWATCHED(k) (NP > (k) && owner_died[k] && !(watching[me] & (1 << (k))))
+#define UNWATCHED_DEATH (DIED_UNWATCHED(0) || DIED_UNWATCHED(1) || DIED_UNWATCHED(2) || \
+                         DIED_UNWATCHED(3))
+
 inline sleep_until_woken() {
     if
     :: !asleep[me]   /* every waker also clears on_drain and watching */
 #ifdef TIMEOUTS
     :: atomic { asleep[me] -> asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; timed_out = 1 }
+#endif
+#ifndef MUTANT_NO_SAFETY_NET
+    /* [model:SAFETY_NET] */
+    :: atomic { asleep[me] && UNWATCHED_DEATH ->
+                asleep[me] = 0; on_drain[me] = 0; watching[me] = 0 }
 #endif
     fi;
     if

@@ -148,6 +148,9 @@ static int sleep_waitv(shl_lock *h, _Atomic uint32_t *const *words, const uint32
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns)
 {
+    /* [model:SAFETY_NET] every sleep ends by this time, and the caller's
+     * retry takes a fresh watch set: a process that attached after this
+     * watch set was taken, and died, is otherwise noticed by nobody here. */
     int64_t until = mono_ns() + (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)
                                      ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
     if (deadline_ns >= 0 && deadline_ns < until)
