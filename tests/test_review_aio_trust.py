@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 import weakref
 
 import pytest
@@ -68,8 +69,13 @@ def test_a_wake_up_dispatched_inside_a_running_task_is_not_lost(lock_name):
             b = asyncio.create_task(alock.acquire_read(10))
             await asyncio.sleep(0.05)                    # b parked
             alock._lock.release_write()                  # the watcher writes the eventfd
-            while _parked(alock):
+            # Bounded: a timer makes each selector wait end within 5 s.
+            deadline = time.monotonic() + 5
+            tick = loop.call_later(5, lambda: None)
+            while _parked(alock) and time.monotonic() < deadline:
                 loop._run_once()                         # the reader runs inside this task
+            tick.cancel()
+            assert not _parked(alock), "the reader never ran inside the task: nothing tested"
             assert await asyncio.wait_for(b, 5), "the parked reader never woke"
             assert not errors, errors
             alock.release_read()
