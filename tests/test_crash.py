@@ -91,16 +91,38 @@ def test_dead_writer_is_reclaimed_and_marks_data_suspect(lock, lock_name, childr
     assert not lock.info().data_suspect
 
 
-def test_dead_updater_under_pause_unpins_the_pause(lock, lock_name, children):
+def test_dead_updater_under_pause_unpins_the_pause_and_fails_closed(lock, lock_name, children):
+    """A waiting resume wakes when the dead updater's pin is reclaimed, and
+    then refuses: the weights may be half-swapped.  A forced resume opens
+    the gate and clears the mark."""
     c = children(hold_and_hang, lock_name, "update")
     c.expect("holding")
     assert lock.paused
-    dt = kill_and_time(c, lambda: lock.resume(10))
-    assert dt < RECOVERY_BOUND
-    assert not lock.paused
+    outcome = {}
+
+    def resume():
+        try:
+            lock.resume(10)
+            outcome["r"] = "resumed"
+        except pyshmlock.DataSuspectError:
+            outcome["r"] = "refused"
+        outcome["t"] = time.monotonic()
+
+    t = threading.Thread(target=resume)
+    t.start()
+    time.sleep(0.2)
+    assert not outcome, "resume returned while the update held the pause"
+    t_kill = time.monotonic()
+    os.kill(c.pid, signal.SIGKILL)
+    t.join(10)
+    assert outcome.get("r") == "refused"
+    assert outcome["t"] - t_kill < RECOVERY_BOUND
+    assert lock.paused, "a lost update keeps the gate shut"
     info = lock.info()
     assert any(r.pid == c.pid and r.lost == ("update",) for r in info.recoveries)
     assert info.data_suspect
+    assert lock.resume(1, force=True)
+    assert not lock.paused and not lock.info().data_suspect
 
 
 def test_pause_of_a_dead_process_stays_set(lock, lock_name, children):
@@ -110,7 +132,9 @@ def test_pause_of_a_dead_process_stays_set(lock, lock_name, children):
     info = lock.info()     # looking reclaims the dead update
     assert info.updater_pid is None
     assert lock.paused, "resuming is the operator's decision"
-    assert lock.resume(1)
+    with pytest.raises(pyshmlock.DataSuspectError):
+        lock.resume(1)
+    assert lock.resume(1, force=True)
 
 
 @pytest.mark.parametrize("kind", ["read", "write"])
