@@ -433,7 +433,7 @@ class AsyncRWLock:
         """Never reached: ``__aenter__`` refuses."""
 
     def __reduce__(self) -> Any:
-        return (_reopen, (AsyncRWLock, self.name))
+        return (_reopen, (type(self), self.name))
 
     def __repr__(self) -> str:
         if self._lock._att is None:

@@ -253,7 +253,9 @@ class RWLock(_fastpath.Lock):
     timeout=-1)`` / ``release()`` / ``locked()``.  ``with lock:`` itself is a
     TypeError (it would take no hold); ``with RWLock(name).attached() as
     lock:`` closes the lock when the block ends.  A lock pickles as its
-    name: unpickling opens it again with ``create=False``.
+    name: unpickling opens it again with ``type(lock)(name, create=False)``,
+    so a subclass comes back as itself (one whose ``__init__`` takes other
+    arguments defines its own ``__reduce__``).
 
     Whoever can write the segment must be trusted (docs/DESIGN.md, "Trust
     model"), so an existing segment is used only if this user owns it, or,
@@ -551,7 +553,7 @@ class RWLock(_fastpath.Lock):
         """Never reached: ``__enter__`` refuses."""
 
     def __reduce__(self) -> Any:
-        return (_reopen, (RWLock, self.name))
+        return (_reopen, (type(self), self.name))
 
     def __repr__(self) -> str:
         if self._att is None:
