@@ -74,7 +74,10 @@
 #define SHL_MAX_PROCESSES_LIMIT 4095
 #define SHL_NAME_MAX 200
 
-typedef struct shl_lock shl_lock;   /* one process's attachment; opaque */
+/* One process's attachment.  A shl_lock * is a token, never dereferenced:
+ * it names one handle of this process until that handle is closed, and no
+ * other afterwards (SHL_ECLOSED), even once the handle is reused. */
+typedef struct shl_lock shl_lock;
 
 /*
  * Per-attempt bookkeeping for one thread or task that waits.  The caller owns
@@ -279,6 +282,9 @@ uint64_t shl_watcher_gen(shl_watcher *wt);
 int shl_watcher_add_loop(shl_watcher *wt);
 void shl_watcher_drop_loop(shl_watcher *wt, int fd);
 void shl_watcher_free(shl_watcher *wt);
+
+/* This process's handles: open now, and allocated (open + reusable). */
+void shl_handle_stats(uint32_t *open, uint32_t *allocated);
 
 /* Observability. */
 int shl_info(shl_lock *h, shl_snapshot *out);

@@ -179,7 +179,7 @@ int shl_is_paused(shl_lock *h)
 
 uint32_t shl_load_state(shl_lock *h)
 {
-    if (enter(h) != SHL_OK)
+    if (enter(&h) != SHL_OK)
         return 0;
     uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
     leave(h);

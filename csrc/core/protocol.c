@@ -527,7 +527,7 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
 {
     /* A closed handle carries no registration: close refuses while any
      * attempt of ours is registered or claims. */
-    if (enter(h) != SHL_OK)
+    if (enter(&h) != SHL_OK)
         return;
     do_cancel(h, w);
     leave(h);
@@ -566,7 +566,7 @@ int shl_release_read(shl_lock *h)
     RUN_IN_FLIGHT(h, do_release_read(h));
 }
 
-static int do_release_exclusive(shl_lock *h, int kind)
+int do_release_exclusive(shl_lock *h, int kind)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)

@@ -212,7 +212,7 @@ static int session_begin_once(shl_lock *h, int64_t ttl_ns, int64_t deadline, uin
     if (r != SHL_OK)
         return r;
     r = do_session_pin(h, ttl_ns, token);
-    int rr = shl_release_update(h);
+    int rr = do_release_exclusive(h, SHL_KIND_UPDATE);
     return r != SHL_OK ? r : rr;
 }
 
