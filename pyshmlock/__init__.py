@@ -47,6 +47,7 @@ from .lock import (
     SessionInfo,
     SyncHold,
     inspect,
+    segment_size,
     unlink,
 )
 
@@ -85,5 +86,6 @@ __all__ = [
     "UninitializedSegmentError",
     "WouldDeadlockError",
     "inspect",
+    "segment_size",
     "unlink",
 ]

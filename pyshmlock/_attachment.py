@@ -73,7 +73,7 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0)
     rc = lib.shl_open(name.encode(), flags, mode, gid, max_processes, out, info)
     if rc != _OK:
-        raise open_error(rc, name, info, mode, gid)
+        raise open_error(rc, name, info, mode, gid, max_processes if create else 0)
     key = (info.dev, info.ino)
     with _registry_lock:
         att = _registry.get(key)

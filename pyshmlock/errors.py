@@ -202,8 +202,18 @@ def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
     return PermissionError(_errno.EPERM, f"lock {name!r}: {what}; {rule}", path)
 
 
-def open_error(rc: int, name: str, info: Any, mode: int, gid: int) -> BaseException:
+def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
+               max_processes: int = 0) -> BaseException:
     """The exception for shl_open's return code rc (info: its shl_open_info)."""
+    if rc == lib.SHL_ESYS and ffi.errno == _errno.ENOSPC:
+        size = lib.shl_segment_size(max_processes) if max_processes else 0
+        need = f" for its {size}-byte segment (max_processes={max_processes})" if size else ""
+        return OSError(_errno.ENOSPC,
+                       f"lock {name!r}: no space left in /dev/shm{need}; nothing was "
+                       "created. Free space there, or give it more (a container's "
+                       "/dev/shm is 64 MB by default: docker run --shm-size, or a larger "
+                       "tmpfs); `df -h /dev/shm` shows what is left",
+                       f"/dev/shm/pyshmlock.{name}")
     if rc == lib.SHL_EPERM:
         return untrusted_error(name, info, mode, gid)
     if rc == lib.SHL_ESIZE:

@@ -52,6 +52,7 @@ __all__ = [
     "SessionInfo",
     "SyncHold",
     "inspect",
+    "segment_size",
     "unlink",
 ]
 
@@ -560,6 +561,19 @@ class RWLock(_fastpath.Lock):
             return f"<pyshmlock.RWLock {self.name!r} closed>"
         return (f"<pyshmlock.RWLock {self.name!r} {'paused' if self.paused else 'running'}, "
                 f"this process {own_holds(self)}>")
+
+
+def segment_size(max_processes: int = 256) -> int:
+    """The bytes a lock with room for ``max_processes`` processes takes in
+    /dev/shm (tmpfs rounds it up to whole pages), to size a container's
+    ``--shm-size``."""
+    if isinstance(max_processes, bool) or not isinstance(max_processes, int):
+        raise TypeError(f"max_processes must be an int, not {type(max_processes).__name__}")
+    n = int(lib.shl_segment_size(max_processes))
+    if n == 0:
+        raise ValueError(f"max_processes must be 1..{lib.SHL_MAX_PROCESSES_LIMIT}, "
+                         f"not {max_processes!r}")
+    return n
 
 
 def unlink(name: str, force: bool = False) -> None:
