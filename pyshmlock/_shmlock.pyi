@@ -44,6 +44,7 @@ class _Lib:
     SHL_STATE_PAUSED: int
     SHL_STATE_PINNED: int
     SHL_MAX_PROCESSES_LIMIT: int
+    SHL_LAYOUT_VERSION: int
     SHL_NAME_MAX: int
     SHL_LOST_WRITE: int
     SHL_LOST_UPDATE: int
@@ -55,6 +56,7 @@ class _Lib:
     SHL_RECOVERY_LOG: int
     SHL_OPEN_CREATE: int
     SHL_OPEN_FAIL_CLOSED: int
+    SHL_OPEN_NO_SLOT: int
     def shl_open(
         self,
         name: bytes,

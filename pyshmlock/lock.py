@@ -14,9 +14,9 @@ from typing import Any, Callable, ContextManager, NoReturn, Optional, Tuple, Uni
 # C fast path (issue 14): RWLock subclasses _fastpath.Lock, whose methods
 # are the hold calls; importing _fastpath sets the base types up.
 from . import _fastpath
-from ._args import DEFAULT_MODE, check_group
+from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, check_mode
 from ._args import check_name as check_name
-from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _Attachment
+from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
 from ._attachment import _detach as _detach
 from ._deadline import deadline_ns as deadline_ns
 from ._shmlock import ffi, lib
@@ -81,12 +81,6 @@ def _token(token: Any) -> int:
     if not 0 <= token < 1 << 64:
         raise ValueError(f"a token is 0 .. 2**64-1, not {token!r}")
     return token
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
-    return value
 
 
 class FencedUpdate:
@@ -296,12 +290,9 @@ class RWLock(_fastpath.Lock):
         check_name(name)
         gid = check_group(group)
         check_stale(stale)
-        if not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ValueError(f"mode must be a permission number 0..0o777, not {mode!r}")
-        if (not isinstance(max_processes, int) or isinstance(max_processes, bool)
-                or not 1 <= max_processes <= lib.SHL_MAX_PROCESSES_LIMIT):
-            raise ValueError(f"max_processes must be 1..{lib.SHL_MAX_PROCESSES_LIMIT}, "
-                             f"not {max_processes!r}")
+        check_mode(mode)
+        check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
+        check_bool(create, "create")
         self.name = name
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
                                                    gid, _fail_closed)
@@ -320,6 +311,24 @@ class RWLock(_fastpath.Lock):
         # (see "Bound methods kept" in csrc/fastpath/hold.c).
         for hold in (self.reader_lock, self.writer_lock, self.update_lock):
             hold._keep_bound()
+
+    @classmethod
+    def _operator(cls, name: str) -> "RWLock":
+        """An operator's view of the existing lock ``name`` (the ``pyshmlock``
+        command's pause and resume): it takes no process slot, so it works on
+        a lock whose ``max_processes`` slots are all taken, never appears
+        among the attached processes, and never resets a stale pause.  pause,
+        resume, wait_resumed, info work; holds are refused (ValueError)."""
+        check_name(name)
+        self = cls.__new__(cls)
+        self.name = name
+        self._att = _attach_operator(name)
+        self._h = self._att.handle
+        self._fast_bind(_fastpath.address(self._h))
+        self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)
+        self.writer_lock = SyncHold(self, lib.SHL_KIND_WRITE, None)
+        self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
+        return self
 
     def _handle(self) -> Any:
         """The C handle, or ValueError if this object is closed.
@@ -363,7 +372,7 @@ class RWLock(_fastpath.Lock):
         A lock whose host lease is armed belongs to its cluster agent:
         ManagedLockError.  ``force=True`` opens it anyway (and clears the
         data-suspect mark: the caller vouches for the data)."""
-        return self._resume(timeout, lib.SHL_RESUME_FORCE if _flag(force, "force") else 0)
+        return self._resume(timeout, lib.SHL_RESUME_FORCE if check_bool(force, "force") else 0)
 
     def _resume_as_manager(self, timeout: Optional[float] = None) -> bool:
         """resume() for the host's cluster agent: an armed lease does not
@@ -569,13 +578,8 @@ def segment_size(max_processes: int = 256) -> int:
     """The bytes a lock with room for ``max_processes`` processes takes in
     /dev/shm (tmpfs rounds it up to whole pages), to size a container's
     ``--shm-size``."""
-    if isinstance(max_processes, bool) or not isinstance(max_processes, int):
-        raise TypeError(f"max_processes must be an int, not {type(max_processes).__name__}")
-    n = int(lib.shl_segment_size(max_processes))
-    if n == 0:
-        raise ValueError(f"max_processes must be 1..{lib.SHL_MAX_PROCESSES_LIMIT}, "
-                         f"not {max_processes!r}")
-    return n
+    check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
+    return int(lib.shl_segment_size(max_processes))
 
 
 def unlink(name: str, force: bool = False) -> None:
@@ -591,12 +595,14 @@ def unlink(name: str, force: bool = False) -> None:
     creates a fresh lock.  FileNotFoundError if there is no such lock.
     """
     check_name(name)
+    check_bool(force, "force")
     attached = ffi.new("uint32_t *")
     rc = lib.shl_unlink(name.encode(), int(bool(force)), attached)
     if rc == lib.SHL_EBUSY:
-        raise LockInUseError(
-            f"lock {name!r}: {attached[0]} other live process(es) attached; "
-            "pass force=True to remove it anyway")
+        who = ("processes whose segment (another release's layout) cannot be read"
+               if attached[0] == 0xFFFFFFFF else
+               f"{attached[0]} other live process(es) attached")
+        raise LockInUseError(f"lock {name!r}: {who}; pass force=True to remove it anyway")
     if rc == lib.SHL_EPERM:
         raise untrusted_error(name, None, None, -1, unlinking=True)
     if rc != _OK:

@@ -9,9 +9,12 @@
  * owns which invariant):
  *
  *   protocol.c  the state word: read admission (the Dekker handshake),
- *               exclusive claims and their drain, phase fairness, pause and
- *               resume, releases.  Its head comment is the protocol; read
- *               it first.
+ *               exclusive claims and their drain, phase fairness, releases.
+ *               Its head comment is the protocol; read it first.
+ *   gate.c      the pause gate: pause, resume, what pins and what refuses.
+ *   session.c   update sessions (a pin owned by a token) and fences.
+ *   handles.c   this process's handles: tokens, recycling, the open list.
+ *   layouts.c   segments of other layout versions (upgrades).
  *   wait.c      sleeping: futexes on the state word and the drain counter,
  *               the death watch on the processes waited for, and the
  *               blocking calls (try, sleep, retry).
@@ -25,7 +28,7 @@
  *               boundary where shared memory is untrusted input.
  *   lease.c     the host lease and its watchdog thread (cluster agent).
  *   info.c      introspection: snapshots of an attached lock, and
- *               observers that map a segment read-only.
+ *               observers that read copies of a segment.
  *   watcher.c   the asyncio watcher: one GIL-free thread per lock and
  *               process that wakes event loops through eventfds.
  */
@@ -59,6 +62,7 @@
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
 #define SHL_LAYOUT  3u                   /* 2: slot.pidns; 3: sessions, PINNED, fences */
+_Static_assert(SHL_LAYOUT == SHL_LAYOUT_VERSION, "shmlock.h names the layout");
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
 #define ST_OWNER     0x00000FFFu
@@ -178,6 +182,7 @@ struct shl_lock {
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
                                        or EXCL_IN_SESSION (claimed while PINNED) */
+    int32_t no_slot;                /* SHL_OPEN_NO_SLOT: an operator's handle */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
     /* The handle's generation (high 32 bits: a token names exactly one),
@@ -410,8 +415,16 @@ int session_expire(shl_lock *h);         /* 1 if it ended an expired session */
 void session_recover(shl_lock *h, uint32_t i);
 int do_try(shl_lock *h, shl_waiter *w);
 void do_cancel(shl_lock *h, shl_waiter *w);
-int do_pause(shl_lock *h);
 int do_release_exclusive(shl_lock *h, int kind);   /* a handle, not a token */
+void wake_drainers(shl_lock *h);
+int excl_is_this_thread(shl_lock *h, const shl_waiter *w);
+void wait_on_state(shl_waiter *w, uint32_t s);
+
+/* gate.c: the pause gate. */
+int do_pause(shl_lock *h);
+int try_resume(shl_lock *h, shl_waiter *w);
+int try_wait_unpinned(shl_lock *h, shl_waiter *w);
+int try_wait_resumed(shl_lock *h, shl_waiter *w);
 
 /* wait.c: sleeping with a death watch, and the blocking loop. */
 int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
@@ -419,6 +432,9 @@ int collect_watch_set(shl_lock *h, int32_t *watch, int cap);
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns);
 uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed);
+
+/* layouts.c: segments of other layout versions. */
+int other_layout_users(int fd, size_t size, uint32_t *layout, uint32_t *pid);
 
 /* segment.c: header validation, shared with read-only observers. */
 size_t layout_size(uint32_t max);
@@ -450,6 +466,8 @@ static inline int32_t attached_slot(shl_lock *h)
  * the read fast path passes through it on every call. */
 static inline int ensure_attached(shl_lock *h)
 {
+    if (h->no_slot)
+        return SHL_OK;          /* an operator's handle never takes a slot */
     if (__builtin_expect(h != NULL &&
                          atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                              atomic_load_explicit(&g_fork_gen, memory_order_relaxed)

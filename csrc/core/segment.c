@@ -264,11 +264,13 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
     return r;
 }
 
+static int unlink_exactly(const char *name, const struct stat *probed);
+
 /* Make the handle for a mapped, validated segment: take a slot, apply a
  * lease that has already passed, and publish it (handles.c); *out is its
  * token. */
 static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const struct stat *st,
-                      shl_lock **out)
+                      int no_slot, shl_lock **out)
 {
     shl_lock *h = handle_new();
     if (!h)
@@ -280,6 +282,7 @@ static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const st
     h->self = -1;
     h->dev = (uint64_t)st->st_dev;
     h->ino = (uint64_t)st->st_ino;
+    h->no_slot = no_slot;
     int r = ensure_attached(h);
     if (r != SHL_OK) {
         handle_discard(h);
@@ -294,6 +297,10 @@ static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const st
     return SHL_OK;
 }
 
+static int open_once(const char *name, const char *path, uint32_t flags, uint32_t mode,
+                     int64_t group, uint32_t max_processes, shl_lock **out,
+                     shl_open_info *info);
+
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info)
 {
@@ -302,15 +309,40 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     *out = NULL;
     memset(info, 0, sizeof *info);
     if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
-        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED)))
+        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT)))
         return SHL_EINVAL;
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     core_init();
     snprintf(path, sizeof path, "/pyshmlock.%s", name);
 
-    int created;
-    int fd = open_name(path, create, mode, &created);
+    for (int attempt = 0;; attempt++) {
+        int r = open_once(name, path, flags, mode, group, max_processes, out, info);
+        if (r != SHL_EVERSION || !create || info->live != 0 || attempt >= 4)
+            return r;
+        /* An upgrade: the segment of another layout is unused (every
+         * process of the old release stopped).  Remove exactly it and open
+         * again (creating it anew); a segment someone replaced meanwhile is
+         * looked at afresh. */
+        struct stat old = {0};
+        old.st_dev = (dev_t)info->dev;
+        old.st_ino = (ino_t)info->ino;
+        if (unlink_exactly(name, &old) < 0 && errno != ENOENT)
+            return SHL_ESYS;
+        memset(info, 0, sizeof *info);
+        info->replaced = 1;
+    }
+}
+
+/* One open: create the segment or open the existing one, and make the
+ * handle.  On SHL_EVERSION, info names the other layout and its users. */
+static int open_once(const char *name, const char *path, uint32_t flags, uint32_t mode,
+                     int64_t group, uint32_t max_processes, shl_lock **out,
+                     shl_open_info *info)
+{
+    (void)name;
+    int created, replaced = info->replaced;
+    int fd = open_name(path, (flags & SHL_OPEN_CREATE) != 0, mode, &created);
     if (fd < 0)
         return SHL_ESYS;
     struct shl_header *hd = NULL;
@@ -320,6 +352,9 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     int r = created ? create_segment(fd, path, mode, group, max_processes,
                                      (flags & SHL_OPEN_FAIL_CLOSED) != 0, &hd, &size)
                     : open_existing(fd, mode, group, info, &hd, &size, &max);
+    if (r == SHL_EVERSION)
+        info->live = (uint32_t)other_layout_users(fd, (size_t)info->size, &info->layout,
+                                                  &info->live_pid);
     if (r == SHL_OK && fstat(fd, &st) != 0)
         r = SHL_ESYS;
     int e = errno;
@@ -328,7 +363,9 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     if (r == SHL_OK) {
         fill_info(info, &st);
         info->created = created;
-        r = new_handle(hd, size, max, &st, out);
+        info->replaced = replaced;
+        info->max_processes = max;
+        r = new_handle(hd, size, max, &st, (flags & SHL_OPEN_NO_SLOT) != 0, out);
     }
     if (r != SHL_OK && hd)
         munmap(hd, size);
@@ -492,13 +529,22 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
             r = SHL_EPERM;   /* probing locks its mutexes: only our own segments */
         else
             r = map_existing(fd, &hd, &size, &max, &expected);
+        uint32_t layout, pid;
+        if (r == SHL_EVERSION) {
+            /* Another release's lock: removed like ours when nobody uses it
+             * (judged through the layout-independent prefix, layouts.c). */
+            *attached = (uint32_t)other_layout_users(fd, (size_t)st.st_size, &layout, &pid);
+            r = SHL_OK;
+        }
         int e = errno;
         close(fd);
         errno = e;
         if (r != SHL_OK)
             return r;
-        *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-        munmap(hd, size);
+        if (hd) {
+            *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+            munmap(hd, size);
+        }
         if (*attached)
             return SHL_EBUSY;
         r = unlink_exactly(name, &st);

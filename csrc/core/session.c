@@ -201,6 +201,8 @@ static int do_session_end(shl_lock *h, uint64_t token)
     int r = ensure_attached(h);   /* our slot names the ending */
     if (r != SHL_OK)
         return r;
+    if (h->self < 0)
+        return SHL_EINVAL;        /* an operator's handle has no slot to name it */
     /* Only the pinner had the token before PINNED was set, and it returns
      * the token after setting it: a caller's token names a pinned session,
      * or an ended one (then the CAS fails). */
