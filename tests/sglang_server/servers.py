@@ -70,10 +70,16 @@ class Server:
 
     def _env(self) -> Dict[str, str]:
         env = dict(os.environ)
+        # tests/conftest.py sets PYTHONSAFEPATH for the main suite; these
+        # scripts import their neighbours (boot, gpu_stubs) from sys.path[0].
+        env.pop("PYTHONSAFEPATH", None)
         env.update(PYTHONUNBUFFERED="1", PYSHMLOCK_SGLANG_LOCK=self.lock_name,
                    CUDA_VISIBLE_DEVICES="", TOKENIZERS_PARALLELISM="false",
                    HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   PYTHONWARNINGS="ignore")
+                   PYTHONWARNINGS="ignore",
+                   # SGLang names its IPC sockets with NamedTemporaryFile: keep
+                   # them, and the ones it creates and drops, in this server's dir.
+                   TMPDIR=str(self.dir))
         return env
 
     def _spawn(self, name: str, script: str, *args: str, port: Optional[int] = None) -> Proc:
