@@ -58,7 +58,7 @@
  * each value read from it as untrusted (bounds-check indices and counts). */
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
-#define SHL_LAYOUT  2u                   /* 2: slot.pidns */
+#define SHL_LAYOUT  3u                   /* 2: slot.pidns; 3: sessions, PINNED, fences */
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
 #define ST_OWNER     0x00000FFFu
@@ -67,14 +67,30 @@
 #define ST_PAUSED    0x00004000u
 #define ST_SLEEPERS  0x00008000u
 #define ST_DRAINERS  0x00010000u
-#define ST_EPOCH_SHIFT 17
+#define ST_PINNED    0x00020000u
+#define ST_EPOCH_SHIFT 18
 #define ST_EPOCH_ONE (1u << ST_EPOCH_SHIFT)
 #define ST_EPOCH(s)  ((s) >> ST_EPOCH_SHIFT)
 #define ST_CLAIM_BITS (ST_OWNER | ST_UPDATE | ST_GRANTED)
-_Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED,
+_Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED &&
+               SHL_STATE_PINNED == ST_PINNED,
                "shmlock.h's SHL_STATE_ bits must be the state word's ST_ bits");
 
+/* The flags word: the data-suspect mark, and a count of the marks made
+ * (bits 8-31, wrapping).  What rewrote the data clears the mark: a
+ * completed exclusive section outside any session, if no mark was made
+ * since its claim, or a session ended normally, if no mark was made since
+ * it began.  An update call inside a session clears nothing: the session,
+ * not the call, is the unit of an update (its expiry may be marked while
+ * the call runs). */
 #define FLAG_DATA_SUSPECT 1u
+#define FLAG_MARK_ONE     (1u << 8)
+#define FLAG_MARKS(f)     ((f) >> 8)
+#define EXCL_IN_SESSION   0xFFFFFFFFu    /* excl_marks of a claim made under a pin */
+/* Clear the mark if the count is still `marks` (slots.c). */
+#pragma GCC visibility push(hidden)
+void unmark_suspect(shl_lock *h, uint32_t marks);
+#pragma GCC visibility pop
 
 /* How long a waiter sleeps before it re-probes the processes it waits on,
  * as a safety net only: deaths normally wake it through futex_waitv. */
@@ -119,6 +135,21 @@ struct shl_header {
     _Alignas(64) _Atomic int64_t lease_deadline_ns;
     _Atomic uint32_t lease_pid;         /* who armed it (observability) */
     _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
+    /* Update session (layout 3; protocol.c "Update sessions").  The state
+     * word's PINNED bit says whether a session exists; these say which one
+     * (the token) and until when.  Written by the pinner, under its update
+     * hold, before it sets PINNED. */
+    _Alignas(64) _Atomic uint64_t session_token;
+    _Atomic int64_t session_deadline_ns;   /* CLOCK_MONOTONIC */
+    _Atomic uint64_t session_began_ns;     /* CLOCK_REALTIME */
+    _Atomic uint32_t session_pid;          /* who began it (observability) */
+    _Atomic uint32_t session_count;        /* sessions begun: part of each token */
+    _Atomic uint32_t session_expiries;
+    _Atomic uint32_t session_marks;        /* the flags' mark count when it began */
+    /* Fencing at the host (cluster): the highest fleet update token seen
+     * (only rises) and the token of the last completed fenced update. */
+    _Atomic uint64_t fence;
+    _Atomic uint64_t applied;
 };
 
 struct shl_slot {
@@ -145,18 +176,25 @@ struct shl_lock {
                                        system call, too dear for every write */
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
+    _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
+                                       or EXCL_IN_SESSION (claimed while PINNED) */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
-    /* Calls inside the core on this handle (low 29 bits), H_SWEEP, H_CLOSING and
-     * H_CLOSED.  See enter(): close() starts only by moving this word from
-     * 0 to H_CLOSING. */
-    _Atomic uint32_t inflight;
-    struct shl_lock *next_handle;   /* g_handles: every handle ever opened */
+    /* The handle's generation (high 32 bits: a token names exactly one),
+     * H_CLOSED, H_CLOSING and the calls inside the core on it (low 30
+     * bits).  See enter(): close() starts only by moving this word from
+     * (generation, 0) to (generation, H_CLOSING). */
+    _Atomic uint64_t inflight;
+    /* handles.c: where it sits in the table, and the open or free list it
+     * is on (under g_handles_mu). */
+    uint32_t index;
+    struct shl_lock *prev, *next;
 };
 
 #define H_CLOSED  0x80000000u
 #define H_CLOSING 0x40000000u     /* close() is deciding; callers wait it out */
-#define H_SWEEP   0x20000000u     /* the lease watchdog is looking (see lease_sweep) */
+#define H_COUNT   0x3FFFFFFFu
+#define H_GEN(v)  ((uint32_t)((uint64_t)(v) >> 32))
 
 /* ========================================================== small tools */
 
@@ -172,6 +210,15 @@ static inline uint64_t real_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* a - b without overflow (the operands may come from an untrusted segment). */
+static inline int64_t sat_sub(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (__builtin_sub_overflow(a, b, &r))
+        return b < 0 ? INT64_MAX : INT64_MIN;
+    return r;
 }
 
 static inline void ns_to_timespec(int64_t ns, struct timespec *ts)
@@ -216,41 +263,90 @@ static inline int32_t owner_index(const shl_lock *h, uint32_t s)
     return owner_slot(s, h->max);
 }
 
+/* ============================================================ handles */
+
+/*
+ * What a caller holds is not the handle's address but a token: the
+ * handle's table index + 1 in the low 32 bits and its generation in the
+ * high 32 (handles.c).  Closed handles are recycled, each time with a new
+ * generation, so a call through a token of a closed handle (a thread that
+ * loaded it before another thread closed the object) finds a generation
+ * that is not its own and gets SHL_ECLOSED: it can never act on the lock a
+ * recycled handle now serves.  The table's chunks are never freed, so
+ * resolving a token is safe whatever it holds.
+ */
+#define HANDLE_CHUNK_SHIFT 8
+#define HANDLE_CHUNK       (1u << HANDLE_CHUNK_SHIFT)
+#define HANDLE_CHUNKS      4096      /* 1,048,576 handles open at once */
+_Static_assert(sizeof(void *) == 8, "tokens are 64-bit: index and generation");
+
+#pragma GCC visibility push(hidden)
+extern _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
+#pragma GCC visibility pop
+
+static inline uint32_t token_gen(const shl_lock *token)
+{
+    return (uint32_t)((uintptr_t)token >> 32);
+}
+
+/* The handle a token names (of whatever generation), or NULL. */
+static inline shl_lock *handle_of(const shl_lock *token)
+{
+    uint32_t i = (uint32_t)(uintptr_t)token;
+    if (i == 0 || ((i - 1) >> HANDLE_CHUNK_SHIFT) >= HANDLE_CHUNKS)
+        return NULL;
+    i -= 1;
+    /* acquire: pairs with the release that published the chunk. */
+    shl_lock *c = atomic_load_explicit(&g_handle_chunks[i >> HANDLE_CHUNK_SHIFT],
+                                       memory_order_acquire);
+    return c ? &c[i & (HANDLE_CHUNK - 1)] : NULL;
+}
+
 /* ==================================================== in-flight bracket */
 
 /*
  * Every public entry point that reads the handle's mapping brackets its work
  * with enter()/leave(), and close() starts only by moving h->inflight from
- * 0 to H_CLOSING.  Both are read-modify-writes of one word, so in its
- * modification order each enter() either comes first (close() sees a count
- * and refuses with SHL_EINFLIGHT) or later: the call backs out without
- * touching the segment, and either returns SHL_ECLOSED (H_CLOSED) or waits
- * the few loads that close() needs to decide (H_CLOSING) and tries again.
- * close() leaves H_CLOSING by read-modify-writes only, so the transient
- * increments of callers that back out are never overwritten.
+ * (generation, 0) to (generation, H_CLOSING).  enter() resolves the
+ * caller's token and counts the call by a CAS that compares the whole word,
+ * the generation included, so in the word's modification order each
+ * enter() either comes first (close() sees a count and refuses with
+ * SHL_EINFLIGHT) or later: it finds H_CLOSED or another generation and
+ * returns SHL_ECLOSED without touching the segment, or it waits the few
+ * loads that close() needs to decide (H_CLOSING) and tries again.  A call
+ * that fails never changes the word.
  *
- * Orders: enter() is acquire, so nothing the call does to the mapping is
- * performed before its increment; leave() is release, and close()'s CAS is
- * acquire and reads the value the last leave() wrote (every RMW on the word
- * continues the release sequence), so every access of a finished call
+ * Orders: enter()'s CAS is acquire, so nothing the call does to the mapping
+ * is performed before its increment; leave() is release, and close()'s CAS
+ * is acquire and reads the value the last leave() wrote (every RMW on the
+ * word continues the release sequence), so every access of a finished call
  * happens before the munmap.  The word is process-private: the cost is one
  * uncontended RMW pair per call (the fast read path already does a seq_cst
  * RMW on the shared slot).
+ *
+ * enter(&h) replaces the token in h by the handle it names.
  */
-static inline int enter(shl_lock *h)
+static inline int enter(shl_lock **hp)
 {
+    uint32_t gen = token_gen(*hp);
+    shl_lock *h = handle_of(*hp);
     if (h == NULL)
         return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
+    uint64_t v = atomic_load_explicit(&h->inflight, memory_order_relaxed);
     for (;;) {
-        uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
-        if (__builtin_expect((n & (H_CLOSED | H_CLOSING)) == 0, 1))
-            return SHL_OK;
-        atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_relaxed);
-        if (n & H_CLOSED)
+        if (__builtin_expect(H_GEN(v) != gen || (v & H_CLOSED), 0))
             return SHL_ECLOSED;
-        /* close() is deciding: a handful of loads, never a wait. */
-        while (atomic_load_explicit(&h->inflight, memory_order_relaxed) & H_CLOSING)
+        if (__builtin_expect(v & H_CLOSING, 0)) {
+            /* close() is deciding: a handful of loads, never a wait. */
             sched_yield();
+            v = atomic_load_explicit(&h->inflight, memory_order_relaxed);
+            continue;
+        }
+        if (__builtin_expect(atomic_compare_exchange_weak_explicit(
+                &h->inflight, &v, v + 1, memory_order_acquire, memory_order_relaxed), 1)) {
+            *hp = h;
+            return SHL_OK;
+        }
     }
 }
 
@@ -259,12 +355,13 @@ static inline void leave(shl_lock *h)
     atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
 }
 
-/* The body of a public entry point: `call` runs as one call in flight on h
+/* The body of a public entry point whose handle parameter is h: `call`
+ * runs as one call in flight, with h the handle the caller's token names
  * (enter/leave above), and its result is returned; a closed handle returns
  * SHL_ECLOSED without running it. */
 #define RUN_IN_FLIGHT(h, call)               \
     do {                                     \
-        int in_flight_r_ = enter(h);         \
+        int in_flight_r_ = enter(&(h));      \
         if (in_flight_r_ == SHL_OK) {        \
             in_flight_r_ = (call);           \
             leave(h);                        \
@@ -276,8 +373,16 @@ static inline void leave(shl_lock *h)
 
 #pragma GCC visibility push(hidden)
 
-/* process.c: this process's attachments, handles and fork generation. */
-extern _Atomic(shl_lock *) g_handles;    /* every handle ever opened, newest first */
+/* handles.c: the table of this process's handles, the open list. */
+shl_lock *handle_new(void);              /* a zeroed handle, not yet open (or NULL) */
+shl_lock *handle_publish(shl_lock *h);   /* open it: on the open list; its token */
+void handle_retire(shl_lock *h);         /* closed: off the open list, recycled */
+void handle_discard(shl_lock *h);        /* never published: recycled */
+typedef int (*handle_visit)(shl_lock *h, void *arg);
+int handles_sweep(handle_visit fn, void *arg, int *open);   /* open handles, under the lock */
+void handles_after_fork(void);
+
+/* process.c: this process's attachments and fork generation. */
 extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child */
 void core_init(void);                    /* once per process: the fork handler */
 int reattach(shl_lock *h);               /* ensure_attached's slow path */
@@ -285,7 +390,8 @@ enum { KEEP_TRYLOCK = 1, KEEP_UNLOCK = 2 };
 int keeper_call(int op, pthread_mutex_t *m);
 int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot);
 
-/* slots.c: liveness and recovery. */
+/* slots.c: liveness and recovery; the data-suspect mark. */
+void mark_suspect(shl_lock *h);
 void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, uint32_t owed);
 int slot_is_clean(const struct shl_slot *sl);
 void init_slot_mutex(pthread_mutex_t *m);
@@ -299,11 +405,16 @@ uint32_t *mutex_word(pthread_mutex_t *m);
 
 /* protocol.c: the attempts, for the blocking calls and the watcher. */
 uint32_t scan_limit(shl_lock *h);
+/* session.c: expiry and the recovery of a dead process's unfinished end. */
+int session_expire(shl_lock *h);         /* 1 if it ended an expired session */
+void session_recover(shl_lock *h, uint32_t i);
 int do_try(shl_lock *h, shl_waiter *w);
 void do_cancel(shl_lock *h, shl_waiter *w);
 int do_pause(shl_lock *h);
+int do_release_exclusive(shl_lock *h, int kind);   /* a handle, not a token */
 
-/* wait.c: sleeping with a death watch. */
+/* wait.c: sleeping with a death watch, and the blocking loop. */
+int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
 int collect_watch_set(shl_lock *h, int32_t *watch, int cap);
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns);

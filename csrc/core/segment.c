@@ -9,11 +9,12 @@
  * max_processes is kept in the private handle: no later index is taken from
  * the segment unchecked.
  *
- * Handles.  A handle (shl_lock) is process-private.  Every entry point
- * counts itself in h->inflight (enter/leave, internal.h); shl_close refuses
- * with SHL_EINFLIGHT while a call is in flight or an attempt of this
- * process is still registered or claims, and a closed handle is never
- * freed, so a late call through a stale pointer gets SHL_ECLOSED.
+ * Handles.  A handle (shl_lock) is process-private, named by a token
+ * (handles.c).  Every entry point counts itself in h->inflight (enter/leave,
+ * internal.h); shl_close refuses with SHL_EINFLIGHT while a call is in
+ * flight or an attempt of this process is still registered or claims, and
+ * a closed handle is recycled under a new generation, so a late call
+ * through a stale token gets SHL_ECLOSED.
  */
 #include "internal.h"
 
@@ -67,7 +68,7 @@ int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
     return SHL_OK;
 }
 
-static void init_segment(struct shl_header *hd, uint32_t max)
+static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
 {
     struct shl_slot *slots = (struct shl_slot *)(hd + 1);
     hd->magic = SHL_MAGIC;
@@ -79,6 +80,18 @@ static void init_segment(struct shl_header *hd, uint32_t max)
     hd->total_size = layout_size(max);
     for (uint32_t i = 0; i < max; i++)
         init_slot_mutex(&slots[i].owner);
+    if (fail_closed) {
+        /* A cluster host's lock: born paused, with a host lease that has
+         * already passed, so no opener admits anything (and the stale reset
+         * keeps the pause) until the host's agent has mirrored the cluster
+         * and armed a lease of its own. */
+        atomic_store_explicit(&hd->state, ST_PAUSED, memory_order_relaxed);
+        atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);
+        atomic_store_explicit(&hd->paused_at_ns, real_ns(), memory_order_relaxed);
+        atomic_store_explicit(&hd->pause_count, 1, memory_order_relaxed);
+        atomic_store_explicit(&hd->lease_deadline_ns, 1, memory_order_relaxed);
+        atomic_store_explicit(&hd->lease_pid, (uint32_t)getpid(), memory_order_relaxed);
+    }
     /* release: an opener that sees READY (acquire) sees all of the above. */
     atomic_store_explicit(&hd->ready, SHL_READY, memory_order_release);
 }
@@ -187,10 +200,16 @@ static int open_name(const char *path, int create, uint32_t mode, int *created)
     return fd;
 }
 
-/* Give a segment we just created its group, mode and size, map it and
- * initialise it.  On failure the name is removed again. */
+/* Give a segment we just created its group, mode and size, reserve its
+ * space, map it and initialise it.  On failure the name is removed again,
+ * so no partial segment is left.
+ *
+ * The space is reserved (posix_fallocate) before any byte is written: on a
+ * full tmpfs a write through the mapping into an unbacked page would kill
+ * the process with SIGBUS, while fallocate fails with ENOSPC. */
 static int create_segment(int fd, const char *path, uint32_t mode, int64_t group,
-                          uint32_t max, struct shl_header **out, size_t *size)
+                          uint32_t max, int fail_closed, struct shl_header **out,
+                          size_t *size)
 {
     int r = SHL_OK;
     *size = layout_size(max);
@@ -199,13 +218,15 @@ static int create_segment(int fd, const char *path, uint32_t mode, int64_t group
     if ((group >= 0 && fchown(fd, (uid_t)-1, (gid_t)group) != 0) ||
         fchmod(fd, mode & 0777) != 0 || ftruncate(fd, (off_t)*size) != 0) {
         r = SHL_ESYS;
+    } else if ((errno = posix_fallocate(fd, 0, (off_t)*size)) != 0) {
+        r = SHL_ESYS;    /* ENOSPC: /dev/shm is full */
     } else {
         void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
             r = SHL_ESYS;
         } else {
             *out = p;
-            init_segment(*out, max);
+            init_segment(*out, max, fail_closed);
         }
     }
     if (r != SHL_OK) {
@@ -214,6 +235,13 @@ static int create_segment(int fd, const char *path, uint32_t mode, int64_t group
         errno = e;
     }
     return r;
+}
+
+uint64_t shl_segment_size(uint32_t max_processes)
+{
+    if (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT)
+        return 0;
+    return layout_size(max_processes);
 }
 
 /* Check that an existing segment may be trusted, then map and validate it
@@ -237,15 +265,14 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
 }
 
 /* Make the handle for a mapped, validated segment: take a slot, apply a
- * lease that has already passed, and publish it on g_handles. */
+ * lease that has already passed, and publish it (handles.c); *out is its
+ * token. */
 static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const struct stat *st,
                       shl_lock **out)
 {
-    shl_lock *h = calloc(1, sizeof *h);
-    if (!h) {
-        errno = ENOMEM;
+    shl_lock *h = handle_new();
+    if (!h)
         return SHL_ESYS;
-    }
     h->hdr = hd;
     h->slots = (struct shl_slot *)(hd + 1);
     h->map_size = size;
@@ -255,31 +282,27 @@ static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const st
     h->ino = (uint64_t)st->st_ino;
     int r = ensure_attached(h);
     if (r != SHL_OK) {
-        free(h);
+        handle_discard(h);
         return r;
     }
     /* A segment whose host lease has already passed (its host's agent died
      * with every process) is paused before this open returns, so the caller
      * can admit nothing.  The handle is not published yet: no enter(). */
     lease_check(h);
-    /* Publish for after_fork_in_child and the watchdog; release: a forked
-     * child and the watchdog walk a fully written entry. */
-    h->next_handle = atomic_load_explicit(&g_handles, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(&g_handles, &h->next_handle, h,
-                                                  memory_order_release, memory_order_relaxed)) {
-    }
+    *out = handle_publish(h);
     wd_kick();
-    *out = h;
     return SHL_OK;
 }
 
-int shl_open(const char *name, int create, uint32_t mode, int64_t group,
+int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info)
 {
     char path[SHL_NAME_MAX + 32];
+    int create = (flags & SHL_OPEN_CREATE) != 0;
     *out = NULL;
     memset(info, 0, sizeof *info);
-    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1)
+    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
+        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED)))
         return SHL_EINVAL;
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
@@ -294,7 +317,8 @@ int shl_open(const char *name, int create, uint32_t mode, int64_t group,
     size_t size = 0;
     uint32_t max = max_processes;
     struct stat st;
-    int r = created ? create_segment(fd, path, mode, group, max_processes, &hd, &size)
+    int r = created ? create_segment(fd, path, mode, group, max_processes,
+                                     (flags & SHL_OPEN_FAIL_CLOSED) != 0, &hd, &size)
                     : open_existing(fd, mode, group, info, &hd, &size, &max);
     if (r == SHL_OK && fstat(fd, &st) != 0)
         r = SHL_ESYS;
@@ -311,23 +335,20 @@ int shl_open(const char *name, int create, uint32_t mode, int64_t group,
     return r;
 }
 
-int shl_close(shl_lock *h)
+int shl_close(shl_lock *token)
 {
+    shl_lock *h = handle_of(token);
     if (h == NULL)
         return SHL_ECLOSED;
-    /* Take the handle from 0 calls in flight to H_CLOSING, or refuse (see
-     * enter()).  acquire: every finished call's accesses to the mapping
-     * happen before the checks and the munmap below. */
-    uint32_t n = 0;
-    while (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
-                                                    memory_order_acquire, memory_order_relaxed)) {
-        if (n != H_SWEEP)
-            return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
-        /* Only the lease watchdog is looking (lease_sweep): it never waits
-         * for anything, so wait it out rather than refuse. */
-        sched_yield();
-        n = 0;
-    }
+    /* Take the handle from (its generation, 0 calls in flight) to H_CLOSING,
+     * or refuse (see enter()).  acquire: every finished call's accesses to
+     * the mapping happen before the checks and the munmap below. */
+    uint64_t open = (uint64_t)token_gen(token) << 32;
+    uint64_t n = open;
+    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, open | H_CLOSING,
+                                                 memory_order_acquire, memory_order_relaxed))
+        return (H_GEN(n) != token_gen(token) || (n & H_CLOSED)) ? SHL_ECLOSED
+                                                                : SHL_EINFLIGHT;
     int ours = h->self >= 0 &&
                atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                    atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
@@ -348,27 +369,22 @@ int shl_close(shl_lock *h)
     }
     if (r != SHL_OK) {
         /* open again (release: our loads above stay before any new call) */
-        atomic_fetch_and_explicit(&h->inflight, ~H_CLOSING, memory_order_release);
+        atomic_store_explicit(&h->inflight, open, memory_order_release);
         return r;
     }
-    /* H_CLOSING -> H_CLOSED in one RMW (bit 30 + bit 30 carries into bit 31),
-     * keeping the transient counts of callers that are backing out. */
-    atomic_fetch_add_explicit(&h->inflight, H_CLOSED - H_CLOSING, memory_order_relaxed);
+    /* No call can be counted meanwhile (enter() waits while H_CLOSING is
+     * set, and a failed enter() never changes the word). */
+    atomic_store_explicit(&h->inflight, open | H_CLOSED, memory_order_release);
     if (ours) {
         struct shl_slot *me = &h->slots[h->self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
         keeper_call(KEEP_UNLOCK, &me->owner);
     }
-    munmap(h->hdr, h->map_size);
-    /* The handle itself is never freed nor reused: another thread may have
-     * loaded the pointer before close() and call in later (cffi drops the
-     * GIL before the C function runs); it then finds H_CLOSED.  Recycling
-     * the memory would let such a call act on another lock (ABA).  The
-     * cost is sizeof(shl_lock) bytes per close for the life of the
-     * process. */
-    h->hdr = NULL;
-    h->slots = NULL;
-    h->self = -1;
+    /* Off the open list, unmapped, recycled under a new generation: a
+     * thread that loaded the token before close() and calls in later (cffi
+     * drops the GIL before the C function runs) finds H_CLOSED or another
+     * generation, never the lock the recycled handle serves next. */
+    handle_retire(h);
     return SHL_OK;
 }
 

@@ -140,7 +140,7 @@ class Agent:
             rem = lease_info(self.lock)["remaining"] or 0.0
             if rem <= 2 * KEEPER_POLL_S:
                 return False
-            if self.lock.resume(timeout=min(0.1, rem / 2)):
+            if self.lock._resume_as_manager(timeout=min(0.1, rem / 2)):
                 break
         # Stopped between the check and the resume for longer than the lease?
         # Close again at once (the watchdogs would within one poll anyway).
