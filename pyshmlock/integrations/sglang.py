@@ -305,15 +305,15 @@ async def _begin_weight_update(self: Any, obj: Any, request: Any = None) -> Any:
     (paused), pause the gate and pin it until end_weight_update, in any worker."""
     self.auto_create_handle_loop()
     lock = _shared(self)
-    token = await lock.begin_session()  # type: ignore[attr-defined]
+    token = await lock.begin_session()
     try:
         results = await self.begin_weight_update_communicator(obj)
         success, message = _merge(results)
     except BaseException:
-        lock.end_session(token)  # type: ignore[attr-defined]
+        lock.end_session(token)
         raise
     if not success:                 # the scheduler opened nothing
-        lock.end_session(token)  # type: ignore[attr-defined]
+        lock.end_session(token)
     return success, message
 
 
@@ -326,9 +326,9 @@ async def _end_weight_update(self: Any, obj: Any, request: Any = None) -> Any:
     async with lock.update_lock:     # granted at once inside a session
         results = await self.end_weight_update_communicator(obj)
     success, message = _merge(results)
-    session = lock.session  # type: ignore[attr-defined]
+    session = lock.session
     if success and session is not None:
-        lock.end_session(session.token)  # type: ignore[attr-defined]
+        lock.end_session(session.token)
     elif not success:
         logger.error("end_weight_update failed (%s): the update session stays open "
                      "and the gate paused; it expires after its ttl, data suspect", message)
