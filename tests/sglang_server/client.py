@@ -15,7 +15,11 @@ CALL_TIMEOUT = 15.0
 class Client:
     def __init__(self, server: Server) -> None:
         self.server = server
-        self.http = httpx.AsyncClient(timeout=CALL_TIMEOUT)
+        # No kept-alive connections: after a handler raises (a refused
+        # continue is SGLang's handler letting DataSuspectError through, a
+        # 500), uvicorn closes that connection, and a reused one would fail.
+        self.http = httpx.AsyncClient(timeout=CALL_TIMEOUT,
+                                      limits=httpx.Limits(max_keepalive_connections=0))
 
     async def __aenter__(self) -> "Client":
         return self

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -65,6 +66,7 @@ class Server:
         self.standin: Optional[Proc] = None
         self.port_args: Any = None
         self.timings: Dict[str, float] = {}
+        self.ended: set = set()          # pids ended on purpose
 
     # -- processes -----------------------------------------------------
 
@@ -147,6 +149,7 @@ class Server:
 
     def stop_worker(self, worker: Proc) -> None:
         """End a worker a scenario started (it stays in the list, dead)."""
+        self.ended.add(worker.pid)
         if worker.popen.poll() is None:
             worker.popen.terminate()
             try:
@@ -163,11 +166,16 @@ class Server:
         return f"http://127.0.0.1:{worker.port}{path}"
 
     def kill(self, proc: Proc) -> None:
+        self.ended.add(proc.pid)
         if proc.popen.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.popen.wait(timeout=10)
 
     def stop(self) -> None:
+        for proc in self.procs:          # a process that died by itself: show why
+            if proc.popen.poll() is not None and proc.pid not in self.ended:
+                sys.stderr.write(f"--- {proc.name} exited {proc.popen.returncode}:\n"
+                                 f"{proc.log_tail()}\n")
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
                 proc.popen.terminate()
@@ -209,4 +217,7 @@ class Server:
             pass
         import shutil
 
+        if os.environ.get("PYSHMLOCK_SGLANG_KEEP_LOGS") == "1":
+            sys.stderr.write(f"logs kept in {self.dir}\n")
+            return
         shutil.rmtree(self.dir, ignore_errors=True)
