@@ -45,6 +45,9 @@ ENV_UNTESTED = "PYSHMLOCK_SGLANG_UNTESTED"
 ENV_LOCK_NAME = "PYSHMLOCK_SGLANG_LOCK"
 #: The launcher's record of the app SGLang's workers would have imported.
 ENV_APP_PATH = "PYSHMLOCK_SGLANG_APP_PATH"
+#: An update session's ttl in seconds (default: the lock's, 600 s): a
+#: session whose end_weight_update never comes expires after it.
+ENV_SESSION_TTL = "PYSHMLOCK_SGLANG_SESSION_TTL"
 #: SGLang's own setting: the app each multi-tokenizer worker imports.
 SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
 DEFAULT_APP_PATH = "sglang.srt.entrypoints.http_server:app"
@@ -210,6 +213,10 @@ def _is_pause_set(self: Any, value: bool) -> None:
 def _pause_generation(module: str, cls: str) -> Callable[..., Awaitable[Any]]:
     async def pause_generation(self: Any, obj: Any) -> Any:
         _shared(self).pause()          # no worker admits a request from here on
+        # SGLang 0.5.23 starts a worker's handle loop at its first request;
+        # without it the router's broadcast is never read and SGLang's own
+        # pause waits for it forever.
+        self.auto_create_handle_loop()
         return await _original(module, cls, "pause_generation")(self, obj)
     return pause_generation
 
@@ -219,6 +226,7 @@ def _continue_generation(module: str, cls: str) -> Callable[..., Awaitable[Any]]
         # Waits while an update or an update session holds the pause; raises
         # pyshmlock.DataSuspectError while the data is suspect.
         await _shared(self).resume()
+        self.auto_create_handle_loop()
         return await _original(module, cls, "continue_generation")(self, obj)
     return continue_generation
 
@@ -305,7 +313,8 @@ async def _begin_weight_update(self: Any, obj: Any, request: Any = None) -> Any:
     (paused), pause the gate and pin it until end_weight_update, in any worker."""
     self.auto_create_handle_loop()
     lock = _shared(self)
-    token = await lock.begin_session()
+    ttl = os.environ.get(ENV_SESSION_TTL)
+    token = await (lock.begin_session(float(ttl)) if ttl else lock.begin_session())
     try:
         results = await self.begin_weight_update_communicator(obj)
         success, message = _merge(results)

@@ -8,6 +8,7 @@ import random
 import time
 from typing import List
 
+import httpx
 import pytest
 
 from .client import Client, run, verdict
@@ -118,7 +119,7 @@ def test_many_pause_continue_cycles_leave_no_worker_paused(fresh):
 
 def test_worker_started_while_paused_reports_and_obeys_the_pause(fresh):
     """A fifth worker started while paused says it is paused (/ready 503,
-    is_pause) and admits nothing until continue."""
+    is_pause), answers a pause, and admits nothing until continue."""
     async def body(extra) -> List[str]:
         async with Client(fresh) as c:
             name = "ABCDEFGH"[fresh.workers.index(extra)]
@@ -128,6 +129,14 @@ def test_worker_started_while_paused_reports_and_obeys_the_pause(fresh):
             if not state["is_pause"] or ready.status_code != 503:
                 violations.append(f"the new worker reports is_pause={state['is_pause']}, "
                                   f"/ready {ready.status_code}")
+            # It has served no request yet: SGLang 0.5.23 reads no router
+            # broadcast there, so its own /pause_generation would never return.
+            try:
+                r = await c.pause(name, timeout=5)
+                if r.status_code != 200:
+                    violations.append(f"a pause at the new worker failed ({r.status_code})")
+            except httpx.TimeoutException:
+                violations.append("a pause at the new worker (no request served yet) hung")
             since = time.time()
             task = asyncio.ensure_future(c.generate(name, 3, timeout=20))
             await asyncio.sleep(1.0)
