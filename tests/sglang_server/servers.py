@@ -196,14 +196,8 @@ class Server:
                 ipc = None
             if ipc:
                 ipcs.append(ipc)
-        try:
-            import pickle
-
-            with open(self.args, "rb") as f:
-                ipcs += [v for v in vars(pickle.load(f)["port_args"]).values()
-                         if isinstance(v, str) and v.startswith("ipc://")]
-        except Exception:
-            pass
+        # The router's and the stand-in's sockets (PortArgs) are in self.dir
+        # (TMPDIR), removed with it below.
         for ipc in ipcs:
             try:
                 os.unlink(ipc[len("ipc://"):])
