@@ -16,8 +16,8 @@ ENABLED = os.environ.get("PYSHMLOCK_REAL_SGLANG") == "1"
 def pytest_collection_modifyitems(config: Any, items: Any) -> None:
     if ENABLED and sys.version_info[:2] == (3, 11):
         return
-    reason = ("the real-SGLang suite runs with PYSHMLOCK_REAL_SGLANG=1 (it builds a "
-              "venv with torch 2.13 CPU and SGLang 0.5.23, about 4 minutes the first time)"
+    reason = ("the real-SGLang suite runs with PYSHMLOCK_REAL_SGLANG=1 (about 6 minutes; "
+              "the first run also builds its venv of torch 2.13 CPU and SGLang 0.5.23, about 2)"
               if not ENABLED else "SGLang 0.5.23's wheel is for CPython 3.11")
     here = os.path.dirname(__file__)
     for item in items:
