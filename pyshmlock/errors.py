@@ -66,9 +66,11 @@ class TooManyReadHoldsError(PyshmlockError, RuntimeError):
 
 class DataSuspectError(PyshmlockError, RuntimeError):
     """resume() of a paused lock whose protected data is suspect: a process
-    died holding the write or update hold, or an update session expired
-    before its end.  A completed write/update clears the mark, or
-    ``resume(force=True)`` (``pyshmlock resume --force``) opens it anyway."""
+    died holding the write or update hold (not a claim still waiting for
+    readers), or an update session expired before its end.  A completed
+    write/update claimed after the loss, or a session ended normally, clears
+    the mark; ``resume(force=True)`` (``pyshmlock resume --force``) opens
+    the gate anyway and clears it."""
 
 
 class ManagedLockError(PyshmlockError, RuntimeError):

@@ -70,7 +70,9 @@ def session_ttl_ns(ttl: Any) -> int:
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
     if not ttl > 0 or ttl != ttl:
         raise ValueError(f"ttl must be > 0 seconds, not {ttl!r}")
-    return min(int(ttl * 1e9), 1 << 62)
+    if ttl >= (1 << 62) / 1e9:        # 146 years or more (inf too): never expires
+        return 1 << 62
+    return max(1, int(ttl * 1e9))
 
 
 def _token(token: Any) -> int:

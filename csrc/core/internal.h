@@ -433,6 +433,18 @@ void wd_after_fork(void);
 
 #pragma GCC visibility pop
 
+/* This process's current slot in h, or -1 (not attached, or the parent's
+ * slot in a forked child that has not re-attached yet).  For code that
+ * does not attach (the lease watchdog): fork generation first, then the
+ * slot, as ensure_attached reads them. */
+static inline int32_t attached_slot(shl_lock *h)
+{
+    if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+        atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+        return -1;
+    return __atomic_load_n(&h->self, __ATOMIC_RELAXED);
+}
+
 /* Every entry point starts here.  After fork() the child holds nothing and
  * owns no slot; it takes one of its own on first use (reattach).  Inline:
  * the read fast path passes through it on every call. */

@@ -292,7 +292,7 @@ static int attach_slot(shl_lock *h)
         atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
         atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
         atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
-        h->self = (int32_t)i;
+        __atomic_store_n(&h->self, (int32_t)i, __ATOMIC_RELAXED);   /* the watchdog reads it */
         atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
                               memory_order_release);
         return SHL_OK;
@@ -313,7 +313,7 @@ int reattach(shl_lock *h)
             atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
-        h->self = -1;
+        __atomic_store_n(&h->self, -1, __ATOMIC_RELAXED);
         /* An attached process always has a lease watchdog (a forked child
          * gets its own here): no watchdog, no attachment. */
         r = wd_start();

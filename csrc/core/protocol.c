@@ -61,7 +61,7 @@
  * GRANTED, and an owed reader enters E' while it is still draining (not
  * GRANTED, not PAUSED) whenever it is registered under that parity (or
  * E' != its epoch).  Entry never depends on epoch equality alone: the
- * 15-bit epoch wraps (2^15 claims under a pause can pass one waiting
+ * 14-bit epoch wraps (2^14 claims under a pause can pass one waiting
  * reader), and a claim that waits for a reader always lets it in.  So a
  * reader waits through at most one exclusive phase (two if it registered
  * too late for a claim's count; pauses excepted); a writer waits through at most the
@@ -225,7 +225,7 @@ static int try_read(shl_lock *h, shl_waiter *w)
      * (epoch - 1) & 1; see drain_for_exclusive) or it came later than the
      * phase we queued behind.  The first test alone decides liveness: a
      * claim that waits for us always lets us in, so no epoch value, however
-     * often the 15-bit epoch wrapped during our wait, can make it wait for a
+     * often the 14-bit epoch wrapped during our wait, can make it wait for a
      * reader that refuses to enter.  The epoch comparison alone could (a
      * wrap makes a later claim look like ours).  The second test only lets
      * us in sooner. */
@@ -387,8 +387,14 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
 static int resume_allowed(shl_lock *h, const shl_waiter *w)
 {
     struct shl_header *hd = h->hdr;
-    if (w->flags & SHL_RESUME_FORCE)
+    if (w->flags & SHL_RESUME_FORCE) {
+        /* The caller vouches for the data as it is now: the marks made so
+         * far go, before the CAS that opens the gate, so a mark made after
+         * it (a writer that dies under the open gate) stays. */
+        unmark_suspect(h, FLAG_MARKS(atomic_load_explicit(&hd->flags, /* [model:RESUME_FORCE_UNMARK] */
+                                                          memory_order_relaxed)));
         return SHL_OK;
+    }
     if (atomic_load_explicit(&hd->flags, memory_order_relaxed) & FLAG_DATA_SUSPECT) /* [model:RESUME_SUSPECT] */
         return SHL_ESUSPECT;
     if (!(w->flags & SHL_RESUME_MANAGER) &&
@@ -409,14 +415,21 @@ static int wait_for_pins(shl_lock *h, shl_waiter *w, uint32_t *sp)
         wait_on_state(w, s);
         return SHL_AGAIN;
     }
+    int32_t o = owner_index(h, s);
+    if (o == -2)
+        return SHL_ECORRUPT;
     if (s & ST_UPDATE) {
-        int32_t o = owner_index(h, s);
-        if (o == -2)
-            return SHL_ECORRUPT;
         if (o == h->self && excl_is_this_thread(h, w))
             return SHL_EDEADLK;
         wait_on_state(w, s);
         return SHL_AGAIN;
+    }
+    /* A write hold does not pin the pause, but one whose holder died must
+     * mark the data before the gate opens: probe it (a dead owner is
+     * reclaimed, which marks and clears the claim), then decide again. */
+    if (o >= 0 && o != h->self && (s & ST_GRANTED) && !probe_slot(h, (uint32_t)o)) { /* [model:RESUME_PROBE_WRITER] */
+        *sp = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+        return wait_for_pins(h, w, sp);
     }
     return SHL_OK;
 }
@@ -439,8 +452,6 @@ static int try_resume(shl_lock *h, shl_waiter *w)
             break;
     }
     atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
-    if (w->flags & SHL_RESUME_FORCE)   /* the caller vouches for the data */
-        atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
     if (s & ST_SLEEPERS)
         futex_wake_all(&hd->state);
     return SHL_OK;
