@@ -1,0 +1,136 @@
+"""A watched copy of one cluster's keys, shared by the agent and the controllers.
+
+One linearizable range read, then one watch stream from the revision after
+it; every event applies to the copy in revision order, so the copy is the
+state at ``revision``.  The stream comes from one member; if nothing arrives
+for ``resync`` seconds (a quiet cluster, or a member that hung) the copy is
+read again (hedged, so from a member that answers) and the stream restarts
+there.  Watch events carry the values, so waiting for acknowledgements costs
+no extra read.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, Optional
+
+from ._errors import AuthenticationError, CertificateError, ClusterError
+from ._etcd import Compacted, Etcd
+from ._keys import Keys, State
+
+__all__ = ["Mirror"]
+
+
+class Mirror:
+    def __init__(self, etcd: Etcd, keys: Keys, *, resync: float = 1.0) -> None:
+        self.etcd, self.keys = etcd, keys
+        self.resync = resync
+        self.kvs: Dict[str, Dict[str, Any]] = {}
+        self.revision = 0
+        self.loaded = False
+        self.fatal: Optional[BaseException] = None
+        self._ev = asyncio.Event()
+        self._task: Optional[asyncio.Task[None]] = None
+        self._state: Optional[State] = None
+
+    @property
+    def state(self) -> State:
+        if self._state is None:
+            self._state = State(self.keys, self.kvs, self.revision)
+        return self._state
+
+    def _bump(self) -> None:
+        self._state = None
+        ev, self._ev = self._ev, asyncio.Event()
+        ev.set()
+
+    async def load(self, deadline: Optional[float] = None) -> None:
+        kvs, rev = await self.etcd.range(self.keys.prefix, prefix=True, deadline=deadline)
+        self.kvs = {kv["key"]: kv for kv in kvs}
+        self.revision = rev
+        self.loaded = True
+        self._bump()
+
+    async def start(self, deadline: Optional[float] = None) -> None:
+        if self._task is None or self._task.done():
+            if not self.loaded:
+                await self.load(deadline)
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        t, self._task = self._task, None
+        if t is not None:
+            t.cancel()
+            try:
+                await t
+            except BaseException:
+                pass
+
+    def event(self) -> asyncio.Event:
+        """An event set at the next change of the copy."""
+        return self._ev
+
+    async def wait(self, timeout: float) -> bool:
+        """Wait for the next change, at most ``timeout``; True if one came."""
+        if timeout <= 0:
+            return False
+        ev = self._ev
+        try:
+            await asyncio.wait_for(ev.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _apply(self, rev: int, events: Any) -> None:
+        if rev <= self.revision:
+            return
+        for ev in events:
+            if ev["mod_revision"] <= self.revision:
+                continue
+            if ev["type"] == "DELETE":
+                self.kvs.pop(ev["key"], None)
+            else:
+                self.kvs[ev["key"]] = ev
+        self.revision = rev
+        self._bump()
+
+    async def _pump(self, got: asyncio.Event) -> None:
+        async for rev, events in self.etcd.watch(self.keys.prefix, self.revision + 1):
+            self._apply(rev, events)
+            got.set()
+
+    async def _run(self) -> None:
+        while True:
+            got = asyncio.Event()
+            pump = asyncio.ensure_future(self._pump(got))
+            try:
+                while not pump.done():
+                    got.clear()
+                    waiter = asyncio.ensure_future(got.wait())
+                    done, _ = await asyncio.wait([pump, waiter], timeout=self.resync,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    if not done:          # quiet: read again, maybe from another member
+                        break
+            finally:
+                pump.cancel()
+                try:
+                    await pump
+                except BaseException:
+                    pass
+            try:
+                if pump.done() and not pump.cancelled() and pump.exception() is not None:
+                    exc = pump.exception()
+                    if isinstance(exc, (AuthenticationError, CertificateError)):
+                        self.fatal = exc
+                        self._bump()
+                    elif not isinstance(exc, Compacted):
+                        await asyncio.sleep(0.02)
+                await self.load()
+                self.fatal = None
+            except asyncio.CancelledError:
+                raise
+            except (ClusterError, Exception) as e:   # unreachable for now: try again soon
+                if isinstance(e, (AuthenticationError, CertificateError)):
+                    self.fatal = e
+                    self._bump()
+                await asyncio.sleep(0.05)
