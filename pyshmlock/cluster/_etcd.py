@@ -229,9 +229,10 @@ class Etcd:
             raise _Retry(f"{self.urls[i]}: {e or type(e).__name__}",
                          maybe_applied=False) from None
         except httpx.HTTPError as e:
-            tls = _ssl_cause(e)
-            raise _Retry(f"{self.urls[i]}: {type(e).__name__} {e}".rstrip(),
-                         maybe_applied=True, tls=tls is not None) from None
+            tls = _ssl_cause(e) or await self._diagnose_tls(i)
+            why = f"TLS: {tls}" if tls is not None else f"{type(e).__name__} {e}".rstrip()
+            raise _Retry(f"{self.urls[i]}: {why}", maybe_applied=True,
+                         tls=tls is not None) from None
         except ssl.SSLError as e:
             raise _Retry(f"{self.urls[i]}: TLS: {e}", maybe_applied=False, tls=True) from None
         if r.status_code == 200:
@@ -240,6 +241,26 @@ class Etcd:
             except ValueError:
                 raise _Retry(f"{self.urls[i]}: bad answer", maybe_applied=True) from None
         raise self._classify(path, r.status_code, r.text)
+
+    async def _diagnose_tls(self, i: int) -> Optional[BaseException]:
+        """A connection that broke right after a TLS 1.3 handshake is how a
+        server refuses a client certificate (or the lack of one): TLS 1.3
+        checks it after the handshake.  Ask once more with TLS 1.2, which
+        checks it during the handshake, to get the server's reason."""
+        if self._ssl is None:
+            return None
+        u = urlparse(self.urls[i])
+        ctx = self.tls.ssl_context()
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            _r, w = await asyncio.wait_for(asyncio.open_connection(
+                u.hostname, u.port, ssl=ctx), min(1.0, self.request_timeout))
+        except ssl.SSLError as e:
+            return e
+        except (OSError, asyncio.TimeoutError):
+            return None
+        w.close()
+        return None
 
     def _fail(self, path: str, errors: List[_Retry], t0: float,
               deadline: float) -> BaseException:
@@ -287,6 +308,10 @@ class Etcd:
                     raise self._fail(path, errors, t0, end)
                 if not pending:
                     if nxt >= n:                 # every member failed this round
+                        if len(errors) >= n and all(x.tls for x in errors[-n:]):
+                            raise CertificateError(
+                                f"etcd at {','.join(self.urls)}: certificate problem "
+                                f"(TLS): {errors[-1]}")
                         nxt = 0
                         start = self._pref
                         await asyncio.sleep(min(0.05, max(0.0, end - now)))
