@@ -296,33 +296,42 @@ class Etcd:
 
     async def _call(self, path: str, body: Dict[str, Any], t0: float, end: float,
                     hedge: bool) -> Any:
+        """Writes: one member at a time.  Hedged: a new attempt, on the next
+        member, whenever ``hedge_after`` passes without an answer (up to two
+        per member in flight), so a request stuck in a member that forwards
+        it to a dead leader does not hold up the answer of a new leader."""
         n = len(self.urls)
         errors: List[_Retry] = []
         pending: Dict[asyncio.Task[Any], int] = {}
-        nxt = 0                                  # members started, in order from _pref
+        launched = 0                    # attempts started, round robin from _pref
+        since_sleep = 0
         start = self._pref
+        last_launch = 0.0
         try:
             while True:
                 now = _now()
                 if now >= end:
                     raise self._fail(path, errors, t0, end)
-                if not pending:
-                    if nxt >= n:                 # every member failed this round
-                        if len(errors) >= n and all(x.tls for x in errors[-n:]):
-                            raise CertificateError(
-                                f"etcd at {','.join(self.urls)}: certificate problem "
-                                f"(TLS): {errors[-1]}")
-                        nxt = 0
-                        start = self._pref
-                        await asyncio.sleep(min(0.05, max(0.0, end - now)))
-                        continue
-                    i = (start + nxt) % n
-                    nxt += 1
+                if not pending and since_sleep >= n:     # a round of failures
+                    if len(errors) >= n and all(x.tls for x in errors[-n:]):
+                        raise CertificateError(
+                            f"etcd at {','.join(self.urls)}: certificate problem "
+                            f"(TLS): {errors[-1]}")
+                    since_sleep = 0
+                    start = self._pref - launched
+                    await asyncio.sleep(min(0.05, max(0.0, end - now)))
+                    continue
+                if not pending or (hedge and now - last_launch >= self.hedge_after
+                                   and len(pending) < 2 * n):
+                    i = (start + launched) % n
+                    launched += 1
+                    since_sleep += 1
+                    last_launch = now
                     pending[asyncio.ensure_future(self._one(
                         i, path, body, max(0.001, min(self.request_timeout, end - now))))] = i
                 wait = end - _now()
-                if hedge and nxt < n:
-                    wait = min(wait, self.hedge_after)
+                if hedge:
+                    wait = min(wait, max(0.0, last_launch + self.hedge_after - _now()))
                 done, _ = await asyncio.wait(list(pending), timeout=max(0.0, wait),
                                              return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
@@ -337,12 +346,6 @@ class Etcd:
                             self._pref = (i + 1) % n
                         continue
                     raise exc
-                if not done and hedge and nxt < n and _now() < end:
-                    i = (start + nxt) % n        # the first is slow: ask the next too
-                    nxt += 1
-                    pending[asyncio.ensure_future(self._one(
-                        i, path, body,
-                        max(0.001, min(self.request_timeout, end - _now()))))] = i
         finally:
             for t in pending:           # the losers of a hedge, or a cancelled call
                 t.cancel()

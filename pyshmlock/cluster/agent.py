@@ -54,10 +54,10 @@ __all__ = ["DEFAULT_TTL", "LOCAL_FRACTION", "Agent"]
 #: after it *received* it, so the host is paused before it can be lost.
 LOCAL_FRACTION = 0.75
 #: The default host lease: long enough that a leader election with etcd's
-#: default timings (1 s election timeout) closes no host (measured in
-#: docs/OPERATIONS.md, "TTL"), short enough that a cut-off host stops
-#: admitting within 3.75 s.
-DEFAULT_TTL = 5.0
+#: default timings (1 s election timeout; up to about 5 s without a leader
+#: measured here on a loaded 2-CPU machine) closes no host (docs/OPERATIONS.md,
+#: "Choosing the TTL"); a cut-off host stops admitting within 7.5 s.
+DEFAULT_TTL = 10.0
 
 
 def _boot_id() -> str:
@@ -149,17 +149,27 @@ class Agent:
 
     async def _keepalive_loop(self) -> None:
         interval = min(self.ttl / 10, 1.0)
+        last_ok = time.monotonic()
+        expiries = lease_info(self.lock)["expiries"]
         while True:
             await asyncio.sleep(interval)
             lease = self._lease
             if not lease:
                 continue
             try:
-                await self._renew(lease)
-            except ClusterError:
-                pass       # the local deadline runs out on its own
+                if await self._renew(lease):
+                    if time.monotonic() - last_ok > 2 * interval + 1.0:
+                        self.log(f"keep-alive back after {time.monotonic() - last_ok:.2f} s")
+                    last_ok = time.monotonic()
+            except ClusterError as e:   # the local deadline runs out on its own
+                self.log(f"keep-alive failing for {time.monotonic() - last_ok:.2f} s: {e}")
             except Exception as e:   # pragma: no cover
                 self.log(f"keep-alive error: {e!r}")
+            now_exp = lease_info(self.lock)["expiries"]
+            if now_exp != expiries:
+                self.log(f"the local lease ran out ({now_exp - expiries} time(s)): "
+                         "the watchdog paused this host")
+                expiries = now_exp
 
     # ---------------------------------------------------- registration
     async def _claim(self) -> None:
