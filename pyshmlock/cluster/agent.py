@@ -150,7 +150,7 @@ class Agent:
     async def _keepalive_loop(self) -> None:
         interval = min(self.ttl / 10, 1.0)
         last_ok = time.monotonic()
-        expiries = lease_info(self.lock)["expiries"]
+        expiries = int(lease_info(self.lock)["expiries"] or 0)
         while True:
             await asyncio.sleep(interval)
             lease = self._lease
@@ -165,7 +165,7 @@ class Agent:
                 self.log(f"keep-alive failing for {time.monotonic() - last_ok:.2f} s: {e}")
             except Exception as e:   # pragma: no cover
                 self.log(f"keep-alive error: {e!r}")
-            now_exp = lease_info(self.lock)["expiries"]
+            now_exp = int(lease_info(self.lock)["expiries"] or 0)
             if now_exp != expiries:
                 self.log(f"the local lease ran out ({now_exp - expiries} time(s)): "
                          "the watchdog paused this host")
