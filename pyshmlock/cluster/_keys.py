@@ -31,11 +31,14 @@ class Keys:
     def __init__(self, cluster: str) -> None:
         self.cluster = valid_cluster_name(cluster)
         self.prefix = ROOT + cluster + "/"
-        self.gate = self.prefix + "gate"        # {"paused", "drain", "mode", "by", "at", ...}
-        self.update = self.prefix + "update"    # lease-bound; fencing token = create_revision
-        self.generation = self.prefix + "generation"   # the last completed update
+        # What the agents watch, apart from the registrations (which only the
+        # controllers need): one pause wakes each agent once, not once per host.
+        self.ctl = self.prefix + "ctl/"
+        self.gate = self.ctl + "gate"           # {"paused", "drain", "mode", "by", "at", ...}
+        self.update = self.ctl + "update"       # lease-bound; fencing token = create_revision
+        self.generation = self.ctl + "generation"   # the last completed update
+        self.evicted = self.ctl + "evicted/"    # evicted/<id>: kept out until admitted
         self.hosts = self.prefix + "hosts/"     # hosts/<id>: lease-bound registration
-        self.evicted = self.prefix + "evicted/"  # evicted/<id>: kept out until admitted
         self.sessions = self.prefix + "sessions/"  # sessions/<lease>: a live controller
 
     def host(self, host_id: str) -> str:
@@ -110,7 +113,8 @@ class State:
     def generation_token(self) -> int:
         return int(self.generation.get("token", 0) or 0)
 
-    def current(self, host_id: str, applied_update: int = 0) -> bool:
+    def current(self, host_id: str, applied_update: int = 0,
+                registration: Optional[int] = None) -> bool:
         """Whether host ``host_id`` has the fleet's last completed update: it
         was registered (with the same registration) from the update's pause
         to its release, or an admin admitted it, or its lock records the
@@ -121,7 +125,8 @@ class State:
         present = self.generation.get("hosts", {})
         if not isinstance(present, dict):
             return False
-        v, cr = present.get(host_id), self.host_create.get(host_id)
+        v = present.get(host_id)
+        cr = self.host_create.get(host_id) if registration is None else registration
         return v == "*" or (cr is not None and v == cr)
 
     def behind(self) -> List[str]:

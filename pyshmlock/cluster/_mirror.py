@@ -21,12 +21,15 @@ __all__ = ["Mirror"]
 
 
 class Mirror:
-    def __init__(self, etcd: Etcd, keys: Keys, *, resync: float = 1.0) -> None:
+    def __init__(self, etcd: Etcd, keys: Keys, *, resync: float = 1.0,
+                 prefix: Optional[str] = None) -> None:
         self.etcd, self.keys = etcd, keys
+        self.prefix = prefix or keys.prefix
         self.resync = resync
         self.kvs: Dict[str, Dict[str, Any]] = {}
         self.revision = 0
         self.loaded = False
+        self.version = 0                 # counts changes of the copy
         self.fatal: Optional[BaseException] = None
         self._ev = asyncio.Event()
         self._task: Optional[asyncio.Task[None]] = None
@@ -40,11 +43,12 @@ class Mirror:
 
     def _bump(self) -> None:
         self._state = None
+        self.version += 1
         ev, self._ev = self._ev, asyncio.Event()
         ev.set()
 
     async def load(self, deadline: Optional[float] = None) -> None:
-        kvs, rev = await self.etcd.range(self.keys.prefix, prefix=True, deadline=deadline)
+        kvs, rev = await self.etcd.range(self.prefix, prefix=True, deadline=deadline)
         self.kvs = {kv["key"]: kv for kv in kvs}
         self.revision = rev
         self.loaded = True
@@ -94,7 +98,7 @@ class Mirror:
         self._bump()
 
     async def _pump(self, got: asyncio.Event) -> None:
-        async for rev, events in self.etcd.watch(self.keys.prefix, self.revision + 1):
+        async for rev, events in self.etcd.watch(self.prefix, self.revision + 1):
             self._apply(rev, events)
             got.set()
 

@@ -117,8 +117,8 @@ class Agent:
         self._stop: Optional[asyncio.Event] = None
         self._kick: Optional[asyncio.Event] = None
         self.mirrored = -1
-        self._claim_rev = 0
         self._retry_soon = False
+        self._users_at, self._users_n = -1e9, -1
 
     # ----------------------------------------------------------- lease
     def _lost(self, why: str) -> None:
@@ -185,7 +185,7 @@ class Agent:
                 [e.op_put(key, dumps(reg), self._lease)],
                 [e.op_range(key), e.op_range(k.evicted_host(self.host_id))])
             if ok:
-                self._create_rev, self._published, self._claim_rev = rev, reg, rev
+                self._create_rev, self._published = rev, reg
                 self.log(f"registered as {self.host_id!r} (lease {self._lease:x})")
                 return
             resp = [x.get("response_range", {}) for x in r.get("responses", [])]
@@ -207,7 +207,6 @@ class Agent:
                                          [e.op_put(key, dumps(reg), self._lease)])
                 if ok:                        # a put keeps the create revision
                     self._create_rev, self._published = kv["create_revision"], reg
-                    self._claim_rev = rev
                     return
                 continue
             if stale:              # a dead agent of this host: a new registration,
@@ -221,14 +220,20 @@ class Agent:
             if time.monotonic() >= give_up:
                 raise DuplicateHostError(msg)
             self.log(msg + "; waiting for it to go")
-            await self.mirror.wait(0.5)
+            await asyncio.sleep(0.5)
 
     def _users(self) -> int:
-        try:
-            pids = self.lock.info().attached_pids
-        except Exception:   # pragma: no cover
-            return -1
-        return len([p for p in pids if p != self.pid])
+        """Processes other than the agent attached to the lock (at most one
+        scan of the slots a second: it is not on a pause's critical path)."""
+        t = time.monotonic()
+        if t - self._users_at >= 1.0:
+            try:
+                pids = self.lock.info().attached_pids
+                self._users_n = len([p for p in pids if p != self.pid])
+            except Exception:   # pragma: no cover
+                self._users_n = -1
+            self._users_at = t
+        return self._users_n
 
     def _registration(self) -> Dict[str, Any]:
         """What the agent reports; written only when it changes.  (Not the
@@ -301,25 +306,24 @@ class Agent:
     async def _apply(self) -> None:
         st = self.mirror.state
         self._raise_fence(st)
-        if self._create_rev == -1 and self.host_id not in st.evicted:
+        if self.host_id in st.evicted:
+            self._create_rev = -1                    # our registration went with it
+        elif self._create_rev == -1:
             self._create_rev = 0                     # admitted again
         if self._create_rev == 0:
             await self._claim()
-            st = self.mirror.state
         evicted = self._create_rev == -1
-        mine = st.host_create.get(self.host_id) == self._create_rev
-        if not mine and not evicted and st.revision >= self._claim_rev:
-            self._create_rev = 0                     # our key went (evicted, deleted)
         applied = int(getattr(self.lock, "applied_update", 0) or 0)
         tok = st.generation_token
         if tok == 0 or max(applied, self._known_current) >= tok:
             current = True
         else:
-            current = mine and st.current(self.host_id)
+            current = self._create_rev > 0 and st.current(self.host_id,
+                                                          registration=self._create_rev)
             if current:
                 self._known_current = tok
         behind = not current
-        want_open = not (st.paused or behind or evicted or not mine)
+        want_open = not (st.paused or behind or evicted)
         drained = False
         paused = True
         if want_open:
@@ -332,15 +336,18 @@ class Agent:
         # open but is not yet (a local update hold pins it, the lease is short).
         self._retry_soon = (st.drain and not drained) or \
             (want_open and paused and not self._suspect)
-        if evicted or not mine:
+        if evicted:
             return
         reg = self._registration()
         reg.update(mirrored=st.gate_rev, paused=paused, drained=drained, behind=behind)
         await self._publish(reg)
+        if self._create_rev == 0:
+            self._retry_soon = True                  # claim it again at once
 
     async def _main(self) -> None:
         assert self._stop is not None and self._kick is not None
-        self.mirror = Mirror(self.etcd, self.keys, resync=max(0.25, self.ttl / 4))
+        self.mirror = Mirror(self.etcd, self.keys, resync=max(0.25, self.ttl / 4),
+                             prefix=self.keys.ctl)
         while not self._stop.is_set():
             try:
                 if not self._lease:
@@ -351,6 +358,7 @@ class Agent:
                     if not await self._renew(lease):
                         continue
                     await self.mirror.start()
+                seen = self.mirror.version
                 await self._apply()
             except DuplicateHostError:
                 raise
@@ -362,11 +370,15 @@ class Agent:
                 self.log(f"etcd: {ex}")
                 await self._sleep(0.1)
                 continue
-            await self._sleep(0.01 if self._retry_soon else self.ttl / 4)
+            await self._sleep(0.01 if self._retry_soon else self.ttl / 4, seen)
 
-    async def _sleep(self, timeout: float) -> None:
-        """Until the copy changes, the lease is lost, a stop, or ``timeout``."""
+    async def _sleep(self, timeout: float, seen: int = -1) -> None:
+        """Until the copy changes (from version ``seen``: a change during the
+        last pass, while it waited for etcd, wakes it at once), the lease is
+        lost, a stop, or ``timeout``."""
         assert self._kick is not None
+        if seen >= 0 and self.mirror.version != seen:
+            return
         waits = [asyncio.ensure_future(self._kick.wait())]
         if getattr(self, "mirror", None) is not None and self.mirror.loaded:
             waits.append(asyncio.ensure_future(self.mirror.event().wait()))
