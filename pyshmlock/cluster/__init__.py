@@ -2,9 +2,9 @@
 mirrored into each host's pyshmlock lock by a host agent (issues 17, 23).
 
 See docs/DESIGN.md, "Beyond one host", for the guarantees and their proofs,
-and docs/OPERATIONS.md, "A cluster", for the runbook.  Needs the ``cluster``
-extra (httpx) and a reachable etcd v3.4+.  Names are imported lazily, so
-``pyshmlock --help`` works without the extra.
+and docs/OPERATIONS.md, "A cluster", for the runbook.  Needs a reachable
+etcd v3.4+ (its HTTP/JSON gateway) and nothing outside the standard library.
+Names are imported lazily.
 """
 from typing import Any
 

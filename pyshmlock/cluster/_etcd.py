@@ -1,4 +1,4 @@
-"""An asyncio etcd v3 client over etcd's HTTP/JSON gateway (``/v3/...``), on httpx.
+"""An asyncio etcd v3 client over etcd's HTTP/JSON gateway (``/v3/...``), stdlib only.
 
 Why its own client: the agent and the controllers need, from one code path,
 (1) cancellation that leaves nothing behind (an asyncio task cancelled inside
@@ -31,12 +31,6 @@ import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
-try:
-    import httpx
-except ImportError as e:   # pragma: no cover - the optional extra is missing
-    raise ImportError("pyshmlock.cluster needs the 'cluster' extra: "
-                      "pip install 'pyshmlock[cluster]'") from e
-
 from ._errors import (
     AuthenticationError,
     CertificateError,
@@ -45,6 +39,7 @@ from ._errors import (
     EtcdUnavailable,
     QuotaError,
 )
+from ._http import Broken, ConnectFailed, Pool
 
 __all__ = ["TLS", "Etcd", "LeaseNotFound", "b64", "prefix_end", "unb64"]
 
@@ -136,7 +131,7 @@ class Etcd:
 
     def __init__(self, endpoints: Sequence[str] | str, *, tls: Optional[TLS] = None,
                  request_timeout: float = REQUEST_TIMEOUT, hedge_after: float = HEDGE_AFTER,
-                 op_timeout: float = 10.0) -> None:
+                 op_timeout: float = 10.0, prefer: int = 0) -> None:
         if isinstance(endpoints, str):
             endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         if not endpoints:
@@ -152,8 +147,8 @@ class Etcd:
         self.request_timeout = request_timeout
         self.hedge_after = hedge_after
         self.op_timeout = op_timeout
-        self._clients: List[Optional[httpx.AsyncClient]] = [None] * len(self.urls)
-        self._pref = 0                       # the member that answered last
+        self._pools: List[Optional[Pool]] = [None] * len(self.urls)
+        self._pref = prefer % len(self.urls)    # the member that answered last
         self._token: Optional[str] = self.tls.token
         self._auth_mu: Optional[asyncio.Lock] = None
         self._ssl: Optional[ssl.SSLContext] = None
@@ -164,25 +159,20 @@ class Etcd:
                 raise CertificateError(f"etcd TLS settings: certificate or key: {e}") from None
 
     # ------------------------------------------------------------ plumbing
-    def _client(self, i: int) -> httpx.AsyncClient:
-        c = self._clients[i]
-        if c is None:
-            c = httpx.AsyncClient(
-                base_url=self.urls[i] + "/v3", verify=self._ssl if self._ssl else True,
-                timeout=httpx.Timeout(self.request_timeout),
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=8),
-                trust_env=False)
-            self._clients[i] = c
-        return c
+    def _pool(self, i: int) -> Pool:
+        p = self._pools[i]
+        if p is None:
+            u = urlparse(self.urls[i])
+            p = Pool(u.hostname or "127.0.0.1", u.port or 2379,
+                     self._ssl if u.scheme == "https" else None)
+            self._pools[i] = p
+        return p
 
     async def aclose(self) -> None:
-        cs, self._clients = self._clients, [None] * len(self.urls)
-        for c in cs:
-            if c is not None:
-                try:
-                    await c.aclose()
-                except Exception:
-                    pass
+        ps, self._pools = self._pools, [None] * len(self.urls)
+        for p in ps:
+            if p is not None:
+                p.close()
 
     def _headers(self) -> Dict[str, str]:
         return {"Authorization": self._token} if self._token else {}
@@ -214,33 +204,27 @@ class Etcd:
         return EtcdError(f"etcd refused {path}: {msg}")
 
     async def _one(self, i: int, path: str, body: Dict[str, Any], timeout: float) -> Any:
-        c = self._client(i)
         try:
-            r = await asyncio.wait_for(
-                c.post(path, content=json.dumps(body), headers=self._headers()), timeout)
-        except (asyncio.TimeoutError, httpx.TimeoutException):
+            status, data = await asyncio.wait_for(
+                self._pool(i).post(path, json.dumps(body).encode(), self._headers()), timeout)
+        except asyncio.TimeoutError:
             raise _Retry(f"{self.urls[i]}: no answer in {timeout:.2f} s",
                          maybe_applied=True) from None
-        except httpx.ConnectError as e:
-            tls = _ssl_cause(e)
-            if tls is not None:
-                raise _Retry(f"{self.urls[i]}: TLS: {tls}", maybe_applied=False,
-                             tls=True) from None
-            raise _Retry(f"{self.urls[i]}: {e or type(e).__name__}",
-                         maybe_applied=False) from None
-        except httpx.HTTPError as e:
-            tls = _ssl_cause(e) or await self._diagnose_tls(i)
+        except ssl.SSLError as e:
+            raise _Retry(f"{self.urls[i]}: TLS: {e}", maybe_applied=False, tls=True) from None
+        except ConnectFailed as e:
+            raise _Retry(f"{self.urls[i]}: {e}", maybe_applied=False) from None
+        except (Broken, OSError) as e:
+            tls = await self._diagnose_tls(i)
             why = f"TLS: {tls}" if tls is not None else f"{type(e).__name__} {e}".rstrip()
             raise _Retry(f"{self.urls[i]}: {why}", maybe_applied=True,
                          tls=tls is not None) from None
-        except ssl.SSLError as e:
-            raise _Retry(f"{self.urls[i]}: TLS: {e}", maybe_applied=False, tls=True) from None
-        if r.status_code == 200:
+        if status == 200:
             try:
-                return r.json()
+                return json.loads(data)
             except ValueError:
                 raise _Retry(f"{self.urls[i]}: bad answer", maybe_applied=True) from None
-        raise self._classify(path, r.status_code, r.text)
+        raise self._classify(path, status, data.decode(errors="replace"))
 
     async def _diagnose_tls(self, i: int) -> Optional[BaseException]:
         """A connection that broke right after a TLS 1.3 handshake is how a
@@ -459,25 +443,24 @@ class Etcd:
         one).  Ends with an exception when the stream breaks; raises
         :class:`Compacted` when ``start_revision`` was compacted away."""
         i = self._pref if member is None else member
-        c = self._client(i)
         body = {"create_request": {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
                                    "start_revision": str(start_revision)}}
-        timeout = httpx.Timeout(self.request_timeout, read=None)
-        async with c.stream("POST", "/watch", content=json.dumps(body),
-                            headers=self._headers(), timeout=timeout) as r:
-            if r.status_code != 200:
-                text = (await r.aread()).decode(errors="replace")
-                raise self._classify("/watch", r.status_code, text)
-            async for line in r.aiter_lines():
-                if not line:
+        status, lines, conn = await asyncio.wait_for(
+            self._pool(i).stream("/watch", json.dumps(body).encode(), self._headers()),
+            self.request_timeout)
+        try:
+            if status != 200:
+                text = b"".join([x async for x in lines]).decode(errors="replace")
+                raise self._classify("/watch", status, text)
+            async for line in lines:
+                if not line.strip():
                     continue
                 try:
                     obj = json.loads(line)
                 except ValueError:
                     continue
                 if "error" in obj:
-                    e = self._classify("/watch", 500, line)
-                    raise e
+                    raise self._classify("/watch", 500, line.decode(errors="replace"))
                 res = obj.get("result", {})
                 if int(res.get("compact_revision", 0) or 0) > 0:
                     raise Compacted(int(res["compact_revision"]))
@@ -491,6 +474,8 @@ class Etcd:
                         kv["type"] = ev.get("type", "PUT")
                         out.append(kv)
                     yield int(out[-1]["mod_revision"]), out
+        finally:
+            conn.close()
 
     @property
     def preferred(self) -> int:

@@ -48,7 +48,11 @@ class Mirror:
         ev.set()
 
     async def load(self, deadline: Optional[float] = None) -> None:
+        """Read the copy again (linearizable).  It never goes back: a read
+        that answers with an older revision than the copy has is dropped."""
         kvs, rev = await self.etcd.range(self.prefix, prefix=True, deadline=deadline)
+        if rev < self.revision:
+            return
         self.kvs = {kv["key"]: kv for kv in kvs}
         self.revision = rev
         self.loaded = True

@@ -32,6 +32,7 @@ import os
 import signal
 import socket
 import time
+import zlib
 from typing import Any, Dict, Optional, Sequence
 
 from ..lock import RWLock
@@ -312,6 +313,14 @@ class Agent:
             self._create_rev = 0                     # admitted again
         if self._create_rev == 0:
             await self._claim()
+            if self._create_rev > 0:
+                # Registered (again): apply only state read after it.  A pause
+                # written before the registration counted it, or this read
+                # sees it; the copy may be older (a watch hung across a cut,
+                # a claim that waited for a duplicate to go).
+                await self.mirror.load()
+                st = self.mirror.state
+                self._raise_fence(st)
         evicted = self._create_rev == -1
         applied = int(getattr(self.lock, "applied_update", 0) or 0)
         tok = st.generation_token
@@ -392,9 +401,12 @@ class Agent:
     async def run_async(self) -> None:
         self._stop = asyncio.Event()
         self._kick = asyncio.Event()
+        # Agents start on different members (by host id), so that no one
+        # member's gateway does every host's JSON work.
         self.etcd = Etcd(self.endpoints, tls=self.tls,
                          request_timeout=min(1.0, self.ttl / 4),
-                         hedge_after=min(0.15, self.ttl / 10))
+                         hedge_after=min(0.15, self.ttl / 10),
+                         prefer=zlib.crc32(self.host_id.encode()))
         ka = asyncio.ensure_future(self._keepalive_loop())
         main = asyncio.ensure_future(self._main())
         stopper = asyncio.ensure_future(self._stop.wait())
