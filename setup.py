@@ -12,7 +12,7 @@ import sys
 from setuptools import setup
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc"))
-from build_extensions import fast_extension  # noqa: E402
+from build_extensions import fast_extension
 
 setup(cffi_modules=["csrc/build_extensions.py:ffibuilder"],
       ext_modules=[fast_extension()],

@@ -33,6 +33,11 @@
 #define SHL_EINFLIGHT -13   /* close while another thread of this process is inside a
                                call on this handle, or an attempt of it still waits
                                (asyncio) with a registration or claim in the segment */
+#define SHL_ESUSPECT  -14   /* resume of a paused lock whose data is suspect (an
+                               exclusive holder died, or an update session expired) */
+#define SHL_EMANAGED  -15   /* resume of a lock whose host lease is armed: its cluster
+                               agent decides when it opens */
+#define SHL_ENOSESSION -16  /* end of an update session that is not the current one */
 
 #define SHL_EPERM     -20   /* the existing segment is not trusted: owned by another
                                user, or it grants group/other write beyond `mode`
@@ -51,12 +56,20 @@
 #define SHL_KIND_RESUME   4   /* resume(): clear the pause once no update holds it */
 #define SHL_KIND_RESUMED  5   /* wait_resumed(): wait until not paused */
 #define SHL_KIND_DRAINED  6   /* wait_drained(): wait until no read hold exists */
+#define SHL_KIND_UNPINNED 7   /* wait until no update session pins the pause */
+
+/* shl_waiter.flags of a SHL_KIND_RESUME attempt (shl_resume's flags). */
+#define SHL_RESUME_FORCE   1u /* resume although the data is suspect (clears the mark)
+                                 or a host lease is armed */
+#define SHL_RESUME_MANAGER 2u /* the caller is the host's cluster agent (the lease's
+                                 holder): an armed lease does not refuse it */
 
 /* Bits of the shared state word (shl_load_state) that the binding reads to
  * tell whether a new hold would wait (a hold's locked()); core/internal.h's ST_
  * bits are asserted equal, so Python never copies them by hand. */
 #define SHL_STATE_OWNER_MASK 0x00000FFFu   /* exclusive claim: owner slot + 1 */
 #define SHL_STATE_PAUSED     0x00004000u   /* the pause gate is closed */
+#define SHL_STATE_PINNED     0x00020000u   /* an update session pins the pause */
 
 #define SHL_MAX_PROCESSES_LIMIT 4095
 #define SHL_NAME_MAX 200
@@ -81,6 +94,7 @@ typedef struct shl_waiter {
     int32_t shared_thread; /* set by the caller for asyncio: other tasks of this
                               thread may release, so waiting on our own
                               exclusive hold is not a self-deadlock */
+    uint32_t flags;        /* set by the caller: SHL_RESUME_* for a resume */
 } shl_waiter;
 
 /* A snapshot of one process slot (shl_slot_info). */
@@ -112,6 +126,16 @@ typedef struct shl_snapshot {
     uint32_t recovery_count;
     uint32_t creator_pid;
     int32_t self_slot;
+    uint64_t session_token;      /* 0: no update session (PINNED clear) */
+    uint32_t session_pid;        /* who began it (it may have exited since) */
+    uint64_t session_began_ns;   /* CLOCK_REALTIME */
+    int64_t session_remaining_ns; /* until it expires (<= 0: due) */
+    uint32_t session_expiries;   /* sessions that expired */
+    uint64_t fence;              /* highest fleet update token seen (cluster) */
+    uint64_t applied;            /* token of the last completed fenced update */
+    int64_t lease_remaining_ns;  /* host lease: until it passes; 0 with no lease */
+    int32_t lease_armed;
+    uint32_t lease_pid;
 } shl_snapshot;
 
 typedef struct shl_recovery_record {
@@ -128,6 +152,7 @@ typedef struct shl_recovery_record {
 #define SHL_LOST_READS    8u
 #define SHL_LOST_WAITERS 16u     /* owed-reader registrations */
 #define SHL_LOST_PAUSE   32u     /* a stale pause, cleared by an opener (stale policy "reset") */
+#define SHL_LOST_SESSION 64u     /* an update session that expired before its end */
 #define SHL_RECOVERY_LOG 16
 
 /* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE so
@@ -140,13 +165,24 @@ typedef struct shl_open_info {
     uint64_t expected_size;      /* SHL_ESIZE: the size its header describes */
 } shl_open_info;
 
-/* Open (and with create != 0 create) the lock "/pyshmlock.<name>".
+/* shl_open's flags. */
+#define SHL_OPEN_CREATE      1u  /* create the segment if nobody has */
+#define SHL_OPEN_FAIL_CLOSED 2u  /* a segment this call creates starts paused with its
+                                    host lease already passed (a cluster host: nothing
+                                    is admitted before its agent mirrors the cluster) */
+
+/* Open (and with SHL_OPEN_CREATE create) the lock "/pyshmlock.<name>".
  * A new segment gets permission bits `mode` (exactly; umask does not apply)
- * and, if group >= 0, that group.  An existing one is refused (SHL_EPERM)
- * unless it is owned by this effective uid, or group >= 0 and its group is
- * `group`; and unless it grants no group/other write bit beyond `mode`. */
-int shl_open(const char *name, int create, uint32_t mode, int64_t group,
+ * and, if group >= 0, that group; its space is reserved before it is
+ * written (a full /dev/shm is SHL_ESYS with ENOSPC, and the name is gone
+ * again).  An existing one is refused (SHL_EPERM) unless it is owned by
+ * this effective uid, or group >= 0 and its group is `group`; and unless
+ * it grants no group/other write bit beyond `mode`. */
+int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info);
+/* Bytes of a segment with room for max_processes processes (0 if out of
+ * range): what a lock costs in /dev/shm. */
+uint64_t shl_segment_size(uint32_t max_processes);
 /* Make sure this process owns a slot (a forked child takes its own). */
 int shl_attach(shl_lock *h);
 /* Detach.  Refuses with SHL_EBUSY while this process holds anything, and
@@ -166,7 +202,8 @@ int shl_unlink(const char *name, int force, uint32_t *attached);
 int shl_acquire_read(shl_lock *h, int64_t deadline_ns);
 int shl_acquire_write(shl_lock *h, int64_t deadline_ns);
 int shl_acquire_update(shl_lock *h, int64_t deadline_ns);
-int shl_resume(shl_lock *h, int64_t deadline_ns);
+int shl_resume(shl_lock *h, int64_t deadline_ns, uint32_t flags);   /* SHL_RESUME_* */
+int shl_wait_unpinned(shl_lock *h, int64_t deadline_ns);
 int shl_wait_resumed(shl_lock *h, int64_t deadline_ns);
 int shl_wait_drained(shl_lock *h, int64_t deadline_ns);
 
@@ -178,6 +215,33 @@ int shl_pause(shl_lock *h);
 int shl_is_paused(shl_lock *h);
 /* 1 if a granted exclusive hold or any read hold exists, 0 if not, <0 error. */
 int shl_is_locked(shl_lock *h);
+
+/* Update sessions: an update pin owned by a token, not by a process.
+ *   shl_session_begin  wait until no session pins the pause, take an update
+ *                      hold (drains readers unless paused), pause, pin the
+ *                      pause for ttl_ns, release the hold; *token is the
+ *                      session's (never 0).  Blocking like the calls above.
+ *   shl_session_pin    the pin step alone, for a caller that holds the
+ *                      update hold (asyncio): SHL_OK, SHL_AGAIN (another
+ *                      session pins it: wait unpinned, retry), SHL_ENOHOLD.
+ *   shl_session_end    end the session `token` from any process; the gate
+ *                      stays paused (resume opens it).  SHL_ENOSESSION if
+ *                      it is not the current session (ended, expired).
+ * A session not ended within ttl_ns expires: the pause stays, the data is
+ * marked suspect (resume refuses with SHL_ESUSPECT until a completed update
+ * or a forced resume), and the recovery log records SHL_LOST_SESSION. */
+int shl_session_begin(shl_lock *h, int64_t ttl_ns, int64_t deadline_ns, uint64_t *token);
+int shl_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token);
+int shl_session_end(shl_lock *h, uint64_t token);
+
+/* Fencing at the host (cluster): the highest fleet update token this lock
+ * has seen, which only rises, and the token of the last update applied
+ * through a fenced update.  shl_fence_raise sets fence = max(fence, token)
+ * and stores the result in *now; shl_fence_applied records an applied
+ * update (the caller holds the update hold); shl_fence_get reads both. */
+int shl_fence_raise(shl_lock *h, uint64_t token, uint64_t *now);
+int shl_fence_applied(shl_lock *h, uint64_t token);
+int shl_fence_get(shl_lock *h, uint64_t *fence, uint64_t *applied);
 
 /* The building blocks of the blocking calls, for callers that park
  * elsewhere (asyncio): try, and on SHL_AGAIN wait or park, then try again;

@@ -21,19 +21,34 @@ if _platform.machine() not in ("x86_64", "aarch64", "arm64"):
 from .aio import AsyncHold, AsyncRWLock
 from .errors import (
     CorruptSegmentError,
+    DataSuspectError,
+    FencingError,
     ForeignSegmentError,
     LayoutVersionError,
     LockInUseError,
+    ManagedLockError,
     NotHeldError,
     PyshmlockError,
     SegmentError,
     SegmentSizeError,
+    SessionError,
     TooManyProcessesError,
     TooManyReadHoldsError,
     UninitializedSegmentError,
     WouldDeadlockError,
 )
-from .lock import AttachedProcess, LockInfo, Recovery, RWLock, SyncHold, inspect, unlink
+from .lock import (
+    DEFAULT_SESSION_TTL,
+    AttachedProcess,
+    FencedUpdate,
+    LockInfo,
+    Recovery,
+    RWLock,
+    SessionInfo,
+    SyncHold,
+    inspect,
+    unlink,
+)
 
 # One version, written once (pyproject.toml), read back from the installed
 # metadata.  A checkout that was never installed says so.
@@ -43,20 +58,27 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0+unknown"
 
 __all__ = [
+    "DEFAULT_SESSION_TTL",
     "AsyncHold",
     "AsyncRWLock",
     "AttachedProcess",
     "CorruptSegmentError",
+    "DataSuspectError",
+    "FencedUpdate",
+    "FencingError",
     "ForeignSegmentError",
     "LayoutVersionError",
     "LockInUseError",
     "LockInfo",
+    "ManagedLockError",
     "NotHeldError",
     "PyshmlockError",
     "RWLock",
     "Recovery",
     "SegmentError",
     "SegmentSizeError",
+    "SessionError",
+    "SessionInfo",
     "SyncHold",
     "TooManyProcessesError",
     "TooManyReadHoldsError",

@@ -51,14 +51,17 @@ def _segment_key(name: str) -> Optional[Tuple[int, int]]:
 
 
 def _attach(name: str, create: bool, mode: int, max_processes: int,
-            gid: int = -1) -> _Attachment:
+            gid: int = -1, fail_closed: bool = False) -> _Attachment:
     """This process's attachment to the segment ``name``, one more reference.
 
     The C open runs outside the registry lock: it may wait (up to 2 s) for a
     creator still initialising the segment, and opens of other names must
     not queue behind it.  Two threads opening one name at once then both
     open it; the registry, keyed by the segment's dev/ino, keeps the first
-    handle and the other is closed."""
+    handle and the other is closed.
+
+    ``fail_closed``: a segment this call creates starts paused under an
+    already-passed host lease (a cluster host's lock, see shl_open)."""
     key = _segment_key(name)
     with _registry_lock:
         att = _registry.get(key) if key else None
@@ -66,7 +69,9 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
             return _share(att)
     out = ffi.new("shl_lock **")
     info = ffi.new("shl_open_info *")
-    rc = lib.shl_open(name.encode(), int(create), mode, gid, max_processes, out, info)
+    flags = (lib.SHL_OPEN_CREATE if create else 0) | \
+        (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0)
+    rc = lib.shl_open(name.encode(), flags, mode, gid, max_processes, out, info)
     if rc != _OK:
         raise open_error(rc, name, info, mode, gid)
     key = (info.dev, info.ino)

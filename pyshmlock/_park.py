@@ -210,6 +210,9 @@ class _Helper:
         self.mu = threading.Lock()
         self.closed = False
         self._dead: Deque[_Fd] = collections.deque()   # fds of loops that are gone
+        # Unparks that could not take mu (see unpark): done by the next
+        # holder of mu.  deque.append takes no lock.
+        self._unparked: Deque[_Parked] = collections.deque()
         # loop -> its _LoopWake, both weakly (see _LoopWake).
         self.loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop,
                                               weakref.ref[_LoopWake]] = \
@@ -264,7 +267,12 @@ class _Helper:
         return lw
 
     def _reap_dead(self) -> None:
-        # Caller holds mu: close the fds of loops that are gone.
+        # Caller holds mu: finish the unparks made without it, and close the
+        # fds of loops that are gone.
+        while self._unparked:
+            p = self._unparked.popleft()
+            if not self.closed:
+                lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
         while self._dead:
             box = self._dead.popleft()
             if box.fd >= 0 and os.getpid() == self.pid:
@@ -280,9 +288,23 @@ class _Helper:
         # lw.parked changes only on the loop's thread (close() only reads it).
         if lw is None or lw.parked.pop(id(p.future), None) is None:
             return
-        with self.mu:
+        # The garbage collector reaches here: a task left parked on a closed
+        # loop is a reference cycle, and its coroutine's `finally` runs
+        # when the cycle is collected, which may happen at any allocation,
+        # including one inside park() while this very thread holds mu.  So
+        # this never waits for mu: without it, the unpark is queued for the
+        # next holder (a registration left a little longer only costs the
+        # watcher a spurious wake-up).  No code a finaliser can reach takes
+        # a lock that allocating code holds.
+        if not self.mu.acquire(blocking=False):
+            self._unparked.append(p)
+            return
+        try:
+            self._reap_dead()
             if not self.closed:
                 lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+        finally:
+            self.mu.release()
 
     def _on_wake(self, lw: _LoopWake) -> None:
         # On the loop's thread: the watcher wrote to our eventfd.  Every task

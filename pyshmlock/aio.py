@@ -28,16 +28,28 @@ from ._args import DEFAULT_MODE
 from ._deadline import deadline_ns
 from ._park import park
 from ._shmlock import ffi, lib
-from .errors import error_for
+from .errors import ManagedLockError, error_for, managed_error
 from .holds import CALL_NAMES, HOLD_KINDS, hold_repr, hold_would_wait, own_holds
-from .lock import RWLock, _Attached, _reopen, no_plain_with
+from .info import SessionInfo
+from .lock import (
+    DEFAULT_SESSION_TTL,
+    FencedUpdate,
+    RWLock,
+    _Attached,
+    _flag,
+    _reopen,
+    _token,
+    no_plain_with,
+    session_ttl_ns,
+)
 
 __all__ = ["AsyncHold", "AsyncRWLock", "async_acquire"]
 
 _try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
 
 
-async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bool:
+async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float],
+                        flags: int = 0) -> bool:
     """Wait for a hold (or condition) of `kind` without blocking the loop.
 
     Returns True once had, False on timeout; cancellation withdraws the
@@ -47,7 +59,7 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float]) -> bo
     deadline = deadline_ns(timeout)
     if kind == lib.SHL_KIND_READ and _read_at_once(lock, h):
         return True
-    w = _shared_waiter(kind)
+    w = _shared_waiter(kind, flags)
     loop = asyncio.get_running_loop()
     try:
         while True:
@@ -77,11 +89,12 @@ def _read_at_once(lock: RWLock, h: Any) -> bool:
     return False
 
 
-def _shared_waiter(kind: int) -> Any:
+def _shared_waiter(kind: int, flags: int = 0) -> Any:
     """An attempt of `kind` made for the process, not this thread: a task
     may wait for a hold another task of its thread has."""
     w = ffi.new("shl_waiter *")
     w.kind = kind
+    w.flags = flags
     w.shared_thread = 1
     return w
 
@@ -100,11 +113,18 @@ def _attempt(lock: RWLock, h: Any, w: Any, kind: int) -> bool:
 _holds._async_acquire = async_acquire
 
 
-def _try_once(lock: RWLock, kind: int) -> bool:
+def _left(deadline: int) -> Optional[float]:
+    """Seconds left until an absolute deadline (None: forever)."""
+    if deadline < 0:
+        return None
+    return max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+
+
+def _try_once(lock: RWLock, kind: int, flags: int = 0) -> bool:
     """One attempt of `kind` on this thread, as a task makes it; nothing is
     left behind if it must wait."""
     h = lock._handle()
-    w = _shared_waiter(kind)
+    w = _shared_waiter(kind, flags)
     if _attempt(lock, h, w, kind):
         return True
     lib.shl_cancel(h, w)
@@ -211,9 +231,9 @@ class AsyncRWLock:
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Any = None,
-                 stale: str = "reset") -> None:
+                 stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
         self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes,
-                            group=group, stale=stale)
+                            group=group, stale=stale, _fail_closed=_fail_closed)
         self.name = name
         self.reader_lock = AsyncHold(self._lock, lib.SHL_KIND_READ, None)
         self.writer_lock = AsyncHold(self._lock, lib.SHL_KIND_WRITE, None)
@@ -233,23 +253,82 @@ class AsyncRWLock:
         """Take the pause-aware exclusive hold (see RWLock.acquire_update)."""
         return await async_acquire(self._lock, lib.SHL_KIND_UPDATE, timeout)
 
-    def resume(self, timeout: Optional[float] = None) -> Coroutine[Any, Any, bool]:
+    def resume(self, timeout: Optional[float] = None, *,
+               force: bool = False) -> Coroutine[Any, Any, bool]:
         """Open the gate; await the result for True once the lock runs, False
-        on timeout.
+        on timeout (see RWLock.resume: DataSuspectError, ManagedLockError,
+        ``force``).
 
         The first attempt is made during this call, not when the result is
-        awaited: unless an update holds the pause, the gate is open when
-        resume() returns, so a forgotten ``await`` cannot leave the lock
-        paused (Python still warns about the unawaited coroutine).  Only
-        waiting for an update to release the pause needs the await."""
+        awaited: unless an update or update session pins the pause, the
+        gate is open when resume() returns.  Waiting for an update or a
+        session to release the pause needs the await: an un-awaited resume()
+        of a pinned lock leaves it paused (Python warns about the unawaited
+        coroutine)."""
         deadline_ns(timeout)           # a bad timeout raises now
-        done = _try_once(self._lock, lib.SHL_KIND_RESUME)
-        return self._resume_rest(done, timeout)
+        flags = lib.SHL_RESUME_FORCE if _flag(force, "force") else 0
+        try:
+            done = _try_once(self._lock, lib.SHL_KIND_RESUME, flags)
+        except ManagedLockError as e:
+            raise managed_error(e, self._lock) from None
+        return self._resume_rest(done, timeout, flags)
 
-    async def _resume_rest(self, done: bool, timeout: Optional[float]) -> bool:
+    async def _resume_rest(self, done: bool, timeout: Optional[float], flags: int) -> bool:
         if done:
             return True
-        return await async_acquire(self._lock, lib.SHL_KIND_RESUME, timeout)
+        try:
+            return await async_acquire(self._lock, lib.SHL_KIND_RESUME, timeout, flags)
+        except ManagedLockError as e:
+            raise managed_error(e, self._lock) from None
+
+    async def begin_session(self, ttl: float = DEFAULT_SESSION_TTL,
+                            timeout: Optional[float] = None) -> int:
+        """Begin an update session; returns its token (see RWLock.begin_session)."""
+        ttl_ns = session_ttl_ns(ttl)
+        deadline = deadline_ns(timeout)
+        lock = self._lock
+        while True:
+            if not await async_acquire(lock, lib.SHL_KIND_UNPINNED, _left(deadline)) or \
+                    not await async_acquire(lock, lib.SHL_KIND_UPDATE, _left(deadline)):
+                raise TimeoutError(f"lock {self.name!r}: update session not begun within "
+                                   f"{timeout} s")
+            token = ffi.new("uint64_t *")
+            try:
+                rc = lib.shl_session_pin(lock._h, ttl_ns, token)
+            finally:
+                lock.release_update()
+            if rc == lib.SHL_OK:
+                return int(token[0])
+            if rc != lib.SHL_AGAIN:           # SHL_AGAIN: another session pinned first
+                raise error_for(rc, "begin_session", self.name)
+
+    def end_session(self, token: int) -> None:
+        """End the update session ``token`` (see RWLock.end_session)."""
+        self._lock.end_session(token)
+
+    @property
+    def session(self) -> Optional[SessionInfo]:
+        """The update session that pins the pause now, or None."""
+        return self._lock.session
+
+    @property
+    def fence(self) -> int:
+        """See RWLock.fence."""
+        return self._lock.fence
+
+    @property
+    def applied_update(self) -> int:
+        """See RWLock.applied_update."""
+        return self._lock.applied_update
+
+    def raise_fence(self, token: int) -> int:
+        """See RWLock.raise_fence."""
+        return self._lock.raise_fence(token)
+
+    def fenced_update(self, token: int, timeout: Optional[float] = None) -> FencedUpdate:
+        """``async with lock.fenced_update(token):`` (see RWLock.fenced_update)."""
+        _token(token)
+        return FencedUpdate(self._lock, token, self.update(timeout))
 
     async def wait_resumed(self, timeout: Optional[float] = None) -> bool:
         """Wait until the lock is not paused; False on timeout."""
@@ -354,7 +433,7 @@ class AsyncRWLock:
         """Never reached: ``__aenter__`` refuses."""
 
     def __reduce__(self) -> Any:
-        return (_reopen, (AsyncRWLock, self.name))
+        return (_reopen, (type(self), self.name))
 
     def __repr__(self) -> str:
         if self._lock._att is None:

@@ -247,7 +247,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     with _open(args.name).attached() as lk:
-        if not lk.resume(args.timeout):
+        if not lk.resume(args.timeout, force=args.force):
             raise _Fail(f"{args.name}: still paused after {args.timeout} s: an update "
                         "holds the pause (see `pyshmlock status`)", EXIT_TIMEOUT)
     print(f"{args.name}: running")
@@ -361,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", help=NAME_HELP)
     s.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="give up (exit 3) after S seconds; inf waits forever (default 10)")
+    s.add_argument("--force", action="store_true",
+                   help="resume although the data is marked suspect (clears the mark) or "
+                        "a cluster agent manages the lock")
     s.set_defaults(fn=cmd_resume)
     s = command("rm", "remove a lock; processes still attached keep the old one")
     s.add_argument("name", help=NAME_HELP)

@@ -64,6 +64,29 @@ class TooManyReadHoldsError(PyshmlockError, RuntimeError):
     (2**31 - 1): one more would overflow the shared count."""
 
 
+class DataSuspectError(PyshmlockError, RuntimeError):
+    """resume() of a paused lock whose protected data is suspect: a process
+    died holding the write or update hold, or an update session expired
+    before its end.  A completed write/update clears the mark, or
+    ``resume(force=True)`` (``pyshmlock resume --force``) opens it anyway."""
+
+
+class ManagedLockError(PyshmlockError, RuntimeError):
+    """resume() of a lock that a cluster agent manages (its host lease is
+    armed): the agent opens it when the cluster does; ``force=True``
+    overrides."""
+
+
+class SessionError(PyshmlockError, RuntimeError):
+    """end_session() with a token that names no current update session
+    (it ended or expired, or never was)."""
+
+
+class FencingError(PyshmlockError, RuntimeError):
+    """An update fenced with a token older than the newest this lock has
+    seen: a newer update superseded the caller, which must not write."""
+
+
 def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
     """Build the exception for a negative C return code ``rc`` of call ``what``."""
     where = f"lock {name!r}: " if name else ""
@@ -105,6 +128,20 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         return LockInUseError(
             f"{where}{what}: another thread or task of this process is inside a call "
             "on this lock or waiting for it (calls in flight); let them finish first")
+    if rc == lib.SHL_ESUSPECT:
+        return DataSuspectError(
+            f"{where}{what} refused: the data is suspect (a process died holding the "
+            "write or update hold, or an update session expired; see info().recoveries). "
+            "Redo the update (a completed update clears the mark), or force it: "
+            f"resume(force=True), `pyshmlock resume --force {name or 'NAME'}`")
+    if rc == lib.SHL_EMANAGED:
+        return ManagedLockError(
+            f"{where}{what} refused: a cluster agent manages this lock (its host lease "
+            "is armed); resume the cluster instead (`pyshmlock cluster resume`), or "
+            "force it: resume(force=True)")
+    if rc == lib.SHL_ENOSESSION:
+        return SessionError(f"{where}{what}: no current update session has this token "
+                            "(it ended or expired; see info().recoveries)")
     if rc == lib.SHL_ECLOSED:     # the one "closed" error, see RWLock._handle
         return ValueError(f"lock {name!r} is closed" if name else
                           f"{what}: the lock object is closed")
@@ -115,6 +152,25 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         path = f"/dev/shm/pyshmlock.{name}" if name else None
         return OSError(err, f"{what}: {os.strerror(err)}", path)
     return PyshmlockError(f"{where}{what}: unexpected return code {rc}")
+
+
+def managed_error(e: BaseException, lock: Any) -> ManagedLockError:
+    """The ManagedLockError of a refused resume, naming who holds the lease
+    and, from the host setting the agent wrote, its cluster."""
+    from ._hostconf import read_setting
+    info = ffi.new("shl_lease_info *")
+    who = ""
+    if lib.shl_lease_get(lock._h, info) == lib.SHL_OK and info.pid:
+        who = f"the lease is armed by pid {info.pid}"
+    setting = read_setting(lock.name) or {}
+    cluster = setting.get("cluster")
+    if cluster:
+        etcd = setting.get("etcd")
+        urls = ",".join(etcd) if isinstance(etcd, list) else str(etcd or "URLS")
+        who += (", " if who else "") + (
+            f"the agent of cluster {cluster!r} (host {setting.get('host_id')!r}); open it with "
+            f"`pyshmlock cluster resume --etcd {urls} {cluster}`")
+    return ManagedLockError(f"{e} ({who})" if who else str(e))
 
 
 def _user(uid: int) -> str:

@@ -36,6 +36,7 @@ CALL_NAMES: Dict[int, str] = {
     lib.SHL_KIND_RESUME: "resume",
     lib.SHL_KIND_RESUMED: "wait_resumed",
     lib.SHL_KIND_DRAINED: "wait_drained",
+    lib.SHL_KIND_UNPINNED: "begin_session",
 }
 
 

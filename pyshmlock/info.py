@@ -18,7 +18,18 @@ _LOST_NAMES = (
     (lib.SHL_LOST_READS, "reads"),
     (lib.SHL_LOST_WAITERS, "queued readers"),
     (lib.SHL_LOST_PAUSE, "pause"),
+    (lib.SHL_LOST_SESSION, "update session"),
 )
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """The current update session of a lock (see RWLock.begin_session)."""
+
+    token: int
+    pid: int             # the process that began it (it may have exited since)
+    began_at: float      # time.time() seconds
+    expires_in: float    # seconds until it expires (<= 0: due now)
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,18 @@ class LockInfo:
     #: No live process is attached and the segment holds state left by dead
     #: ones (a pause whose pauser is gone, holds or claims of dead processes).
     stale: bool = False
+    #: The update session that pins the pause, if any.
+    session: Optional[SessionInfo] = None
+    #: Update sessions that expired before their end.
+    session_expiries: int = 0
+    #: Cluster fencing: the highest fleet update token this host has seen,
+    #: and the token of the last update applied through fenced_update.
+    fence: int = 0
+    applied_update: int = 0
+    #: Host lease (cluster agent): seconds until it passes (negative:
+    #: passed; None: no lease) and the pid that armed it.
+    lease_remaining: Optional[float] = None
+    lease_pid: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """The snapshot as plain JSON-serialisable data."""
@@ -90,6 +113,7 @@ class LockInfo:
         d["waiters"] = {str(k): v for k, v in self.waiters.items()}
         d["queued_readers"] = {str(k): v for k, v in self.queued_readers.items()}
         d["recoveries"] = [dict(r.__dict__, lost=list(r.lost)) for r in self.recoveries]
+        d["session"] = dict(self.session.__dict__) if self.session else None
         return d
 
 
@@ -179,7 +203,22 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
         dead_pids=sorted(set(dead) - set(live)),
         paused_by_alive=pauser_alive,
         stale=stale,
+        session=session_of(snap),
+        session_expiries=snap.session_expiries,
+        fence=snap.fence,
+        applied_update=snap.applied,
+        lease_remaining=snap.lease_remaining_ns / 1e9 if snap.lease_armed else None,
+        lease_pid=(snap.lease_pid or None) if snap.lease_armed else None,
     )
+
+
+def session_of(snap: Any) -> Optional[SessionInfo]:
+    """The SessionInfo of a header snapshot (None: no session)."""
+    if not snap.session_token:
+        return None
+    return SessionInfo(token=int(snap.session_token), pid=snap.session_pid,
+                       began_at=snap.session_began_ns / 1e9,
+                       expires_in=snap.session_remaining_ns / 1e9)
 
 
 def _recoveries(read_recovery: _Reader, count: int) -> List[Recovery]:

@@ -9,7 +9,7 @@ timeouts in ``_deadline``, opening and the per-process registry in
 ``_attachment``, hold objects in ``holds``, snapshots in ``info``, stale
 segments in ``stale``.  Their public names are re-exported here, as before.
 """
-from typing import Any, Callable, ContextManager, NoReturn, Optional, Union
+from typing import Any, Callable, ContextManager, NoReturn, Optional, Tuple, Union
 
 # C fast path (issue 14): RWLock subclasses _fastpath.Lock, whose methods
 # are the hold calls; importing _fastpath sets the base types up.
@@ -19,13 +19,30 @@ from ._args import check_name as check_name
 from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _Attachment
 from ._attachment import _detach as _detach
 from ._deadline import deadline_ns as deadline_ns
+from ._hostconf import fail_closed_for
 from ._shmlock import ffi, lib
-from .errors import LockInUseError, error_for, untrusted_error
-from .holds import HOLD_KINDS, SyncHold, own_holds
-from .info import AttachedProcess, LockInfo, Recovery, attached_info, inspect
+from .errors import (
+    FencingError,
+    LockInUseError,
+    ManagedLockError,
+    error_for,
+    managed_error,
+    untrusted_error,
+)
+from .holds import SyncHold, own_holds
+from .info import (
+    AttachedProcess,
+    LockInfo,
+    Recovery,
+    SessionInfo,
+    attached_info,
+    inspect,
+    session_of,
+)
 from .stale import STALE_POLICIES, _apply_stale_policy, check_stale
 
 __all__ = [
+    "DEFAULT_SESSION_TTL",
     "SHM_DIR",
     "SHM_PREFIX",
     "STALE_POLICIES",
@@ -33,28 +50,104 @@ __all__ = [
     "LockInfo",
     "RWLock",
     "Recovery",
+    "SessionInfo",
     "SyncHold",
     "inspect",
     "unlink",
 ]
 
 _OK = lib.SHL_OK
+
+#: The default lifetime of an update session (RWLock.begin_session): long
+#: enough for a large model's weights to load, short enough that a session
+#: whose end never comes does not pin a server for the day.
+DEFAULT_SESSION_TTL = 600.0
+
+
+def session_ttl_ns(ttl: Any) -> int:
+    """A session ttl in seconds -> nanoseconds (TypeError/ValueError)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+        raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
+    if not ttl > 0 or ttl != ttl:
+        raise ValueError(f"ttl must be > 0 seconds, not {ttl!r}")
+    return min(int(ttl * 1e9), 1 << 62)
+
+
+def _token(token: Any) -> int:
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"a token is an int, not {type(token).__name__}")
+    if not 0 <= token < 1 << 64:
+        raise ValueError(f"a token is 0 .. 2**64-1, not {token!r}")
+    return token
+
+
+def _flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
+    return value
+
+
+class FencedUpdate:
+    """What ``RWLock.fenced_update(token)`` returns: a ``with`` (or
+    ``async with``) block under an update hold that a stale token cannot
+    take."""
+
+    __slots__ = ("_hold", "_lock", "token")
+
+    def __init__(self, lock: Any, token: int, hold: Any) -> None:
+        self._lock, self.token, self._hold = lock, token, hold
+
+    def _check(self) -> None:
+        fence = self._lock.fence
+        if self.token < fence:
+            raise FencingError(
+                f"lock {self._lock.name!r}: update token {self.token} is stale: this host "
+                f"has seen token {fence} (a newer update); nothing was applied")
+        self._lock.raise_fence(self.token)
+
+    def _done(self, failed: bool) -> None:
+        try:
+            if not failed:
+                rc = lib.shl_fence_applied(self._lock._h, self.token)
+                if rc != _OK:
+                    raise error_for(rc, "fenced_update", self._lock.name)
+        finally:
+            self._hold.release()
+
+    def __enter__(self) -> "FencedUpdate":
+        self._hold.__enter__()
+        try:
+            self._check()
+        except BaseException:
+            self._hold.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done(exc[0] is not None)
+
+    async def __aenter__(self) -> "FencedUpdate":
+        await self._hold.__aenter__()
+        try:
+            self._check()
+        except BaseException:
+            self._hold.release()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._done(exc[0] is not None)
 _TIMEDOUT = lib.SHL_TIMEDOUT
 _EINTR = lib.SHL_EINTR
 
-# Blocking C call -> the kind of its attempt (for _finish's own-hold wait):
-# the hold kinds' acquire calls, and resume.
-_KIND_OF = {acquire: code for code, (_, acquire, _, _) in HOLD_KINDS.items()}
-_KIND_OF[lib.shl_resume] = lib.SHL_KIND_RESUME
-
-
 def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
-            what: str, name: str) -> bool:
+            what: str, name: str, kind: int = 0, flags: int = 0) -> bool:
     """Slow tail of every blocking call: signals, timeouts and errors.
 
     SHL_EINTR means a signal interrupted the wait with nothing left behind;
     looping back into Python runs the signal handlers (Ctrl-C raises
     KeyboardInterrupt here), then the wait resumes with the same deadline.
+    ``kind``/``flags``: the attempt ``fn`` makes, for the own-hold wait.
     """
     while rc == _EINTR:
         rc = fn(h, deadline)
@@ -62,20 +155,22 @@ def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
         return True
     if rc == _TIMEDOUT:
         return False
-    if rc == lib.SHL_EDEADLK and deadline >= 0 and fn in _KIND_OF:
+    if rc == lib.SHL_EDEADLK and deadline >= 0 and kind:
         # This thread has the exclusive hold it asks for.  Only a wait
         # without end is refused (WouldDeadlockError); a try says False and
         # a timed wait waits, as threading.Lock's would (another thread of
         # this process may release the hold).
-        return deadline > 0 and _wait_as_any_thread(h, _KIND_OF[fn], deadline, what, name)
+        return deadline > 0 and _wait_as_any_thread(h, kind, deadline, what, name, flags)
     raise error_for(rc, what, name)
 
 
-def _wait_as_any_thread(h: Any, kind: int, deadline: int, what: str, name: str) -> bool:
+def _wait_as_any_thread(h: Any, kind: int, deadline: int, what: str, name: str,
+                        flags: int = 0) -> bool:
     """A timed wait that does not count this thread's own exclusive hold as
     a deadlock: the attempt is made as any thread of the process."""
     w = ffi.new("shl_waiter *")
     w.kind = kind
+    w.flags = flags
     w.shared_thread = 1
     try:
         while True:
@@ -159,7 +254,9 @@ class RWLock(_fastpath.Lock):
     timeout=-1)`` / ``release()`` / ``locked()``.  ``with lock:`` itself is a
     TypeError (it would take no hold); ``with RWLock(name).attached() as
     lock:`` closes the lock when the block ends.  A lock pickles as its
-    name: unpickling opens it again with ``create=False``.
+    name: unpickling opens it again with ``type(lock)(name, create=False)``,
+    so a subclass comes back as itself (one whose ``__init__`` takes other
+    arguments defines its own ``__reduce__``).
 
     Whoever can write the segment must be trusted (docs/DESIGN.md, "Trust
     model"), so an existing segment is used only if this user owns it, or,
@@ -193,8 +290,10 @@ class RWLock(_fastpath.Lock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Union[int, str, None] = None,
-                 stale: str = "reset") -> None:
+                 stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
         check_name(name)
+        if _fail_closed is None:     # a cluster host's lock: the host setting says so
+            _fail_closed = bool(create) and fail_closed_for(name)
         gid = check_group(group)
         check_stale(stale)
         if not isinstance(mode, int) or not 0 <= mode <= 0o777:
@@ -205,7 +304,7 @@ class RWLock(_fastpath.Lock):
                              f"not {max_processes!r}")
         self.name = name
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
-                                                   gid)
+                                                   gid, _fail_closed)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         if self._att.refs == 1:      # this process's first attachment to the segment
@@ -253,12 +352,122 @@ class RWLock(_fastpath.Lock):
             raise error_for(rc, "pause", self.name)
         return rc == 1
 
-    def resume(self, timeout: Optional[float] = None) -> bool:
-        """Open the gate.  Waits while an update hold exists (however it was
-        taken); True once the lock runs, False on timeout."""
+    def resume(self, timeout: Optional[float] = None, *, force: bool = False) -> bool:
+        """Open the gate.  Waits while an update hold or an update session
+        pins the pause (however it was taken); True once the lock runs,
+        False on timeout.
+
+        A paused lock whose data is suspect (a process died holding the
+        write or update hold, or an update session expired) stays shut:
+        DataSuspectError, until a completed write/update clears the mark.
+        A lock whose host lease is armed belongs to its cluster agent:
+        ManagedLockError.  ``force=True`` opens it anyway (and clears the
+        data-suspect mark: the caller vouches for the data)."""
+        return self._resume(timeout, lib.SHL_RESUME_FORCE if _flag(force, "force") else 0)
+
+    def _resume_as_manager(self, timeout: Optional[float] = None) -> bool:
+        """resume() for the host's cluster agent: an armed lease does not
+        refuse it (a suspect mark still does)."""
+        return self._resume(timeout, lib.SHL_RESUME_MANAGER)
+
+    def _resume(self, timeout: Optional[float], flags: int) -> bool:
         h = self._h
         d = deadline_ns(timeout)
-        return _finish(lib.shl_resume(h, d), lib.shl_resume, h, d, "resume", self.name)
+
+        def call(h: Any, d: int) -> int:
+            return lib.shl_resume(h, d, flags)
+
+        try:
+            return _finish(call(h, d), call, h, d, "resume", self.name,
+                           lib.SHL_KIND_RESUME, flags)
+        except ManagedLockError as e:
+            raise managed_error(e, self) from None
+
+    def begin_session(self, ttl: float = DEFAULT_SESSION_TTL,
+                      timeout: Optional[float] = None) -> int:
+        """Begin an update session and return its token: an update pin owned
+        by the token, not by this process, for an update made of several
+        calls (possibly in several processes).
+
+        Waits until no other session pins the pause, takes an update hold
+        (which drains every reader unless the lock is paused), pauses the
+        gate and pins the pause.  Until :meth:`end_session` (from any
+        process) or the session's expiry after ``ttl`` seconds (default
+        DEFAULT_SESSION_TTL, 600 s), resume() waits, and update holds are
+        granted at once (the gate is paused).  An expired session leaves the
+        gate paused and the data marked suspect (resume() then refuses with
+        DataSuspectError).  The process that began it may exit or die: that
+        ends nothing.  TimeoutError if not begun within ``timeout``."""
+        ttl_ns = session_ttl_ns(ttl)
+        h = self._h
+        d = deadline_ns(timeout)
+        token = ffi.new("uint64_t *")
+
+        def call(h: Any, d: int) -> int:
+            return lib.shl_session_begin(h, ttl_ns, d, token)
+
+        if not _finish(call(h, d), call, h, d, "begin_session", self.name):
+            raise TimeoutError(f"lock {self.name!r}: update session not begun within "
+                               f"{timeout} s")
+        return int(token[0])
+
+    def end_session(self, token: int) -> None:
+        """End the update session ``token`` (any process may).  The gate stays
+        paused: resume() opens it.  SessionError if ``token`` is not the
+        current session (it ended, or expired: see info().recoveries)."""
+        rc = lib.shl_session_end(self._h, _token(token))
+        if rc != _OK:
+            raise error_for(rc, "end_session", self.name)
+
+    @property
+    def session(self) -> Optional[SessionInfo]:
+        """The update session that pins the pause now, or None."""
+        snap = ffi.new("shl_snapshot *")
+        rc = lib.shl_info(self._h, snap)
+        if rc != _OK:
+            raise error_for(rc, "session", self.name)
+        return session_of(snap)
+
+    # -- fencing (cluster) ---------------------------------------------
+
+    @property
+    def fence(self) -> int:
+        """The highest fleet update token this lock has seen (0: none).  A
+        fenced update with an older token is refused (FencingError)."""
+        return self._fences()[0]
+
+    @property
+    def applied_update(self) -> int:
+        """The token of the last update completed through fenced_update."""
+        return self._fences()[1]
+
+    def _fences(self) -> Tuple[int, int]:
+        f, a = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        rc = lib.shl_fence_get(self._h, f, a)
+        if rc != _OK:
+            raise error_for(rc, "fence", self.name)
+        return int(f[0]), int(a[0])
+
+    def raise_fence(self, token: int) -> int:
+        """Raise the fence to ``token`` (it never falls); returns the fence.
+        From then on a fenced update with an older token is refused."""
+        now = ffi.new("uint64_t *")
+        rc = lib.shl_fence_raise(self._h, _token(token), now)
+        if rc != _OK:
+            raise error_for(rc, "raise_fence", self.name)
+        return int(now[0])
+
+    def fenced_update(self, token: int, timeout: Optional[float] = None) -> "FencedUpdate":
+        """``with lock.fenced_update(token):`` an update hold that refuses a
+        stale token.  It takes the update hold, then raises FencingError if
+        ``token`` is older than :attr:`fence` (a newer fleet update began:
+        the caller must not write); otherwise it raises the fence to
+        ``token``, and records ``applied_update = token`` when the block
+        completes without an exception.  Apply each chunk of an update
+        under its own fenced_update, so that none lands after a newer
+        update is known here."""
+        _token(token)
+        return FencedUpdate(self, token, self.update(timeout))
 
     # paused (a property) is the C base's: one shared-memory load.
 
@@ -347,7 +556,7 @@ class RWLock(_fastpath.Lock):
         """Never reached: ``__enter__`` refuses."""
 
     def __reduce__(self) -> Any:
-        return (_reopen, (RWLock, self.name))
+        return (_reopen, (type(self), self.name))
 
     def __repr__(self) -> str:
         if self._att is None:

@@ -315,7 +315,15 @@ def test_with_lock_refuses_and_attached_scopes(lock_name):
     lk.close()
 
 
-# ------------------------------------------------------ pickling (item 9)
+# ------------------------------------------------------------- pickling
+
+class AppLock(pyshmlock.RWLock):
+    """A subclass, as an application makes one (pickles as itself)."""
+
+
+class AppAsyncLock(pyshmlock.AsyncRWLock):
+    """The asyncio one."""
+
 
 def _use_pickled(q, lk):
     assert isinstance(lk, (pyshmlock.RWLock, pyshmlock.AsyncRWLock))
@@ -338,6 +346,19 @@ def test_locks_pickle_as_their_name(lock_name, children, method, cls):
     assert type(again) is type(lk) and again.name == lock_name
     again.close()
     c = children(_use_pickled, lk, ctx=mp.get_context(method))
+    ok, pid, name = c.get(timeout=30)
+    assert ok and pid != os.getpid() and name == lock_name
+    assert c.join(30) == 0
+    lk.close()
+
+
+@pytest.mark.parametrize("cls", [AppLock, AppAsyncLock])
+def test_a_subclass_pickles_as_itself(lock_name, children, cls):
+    lk = cls(lock_name)
+    again = pickle.loads(pickle.dumps(lk))
+    assert type(again) is cls and again.name == lock_name
+    again.close()
+    c = children(_use_pickled, lk, ctx=mp.get_context("spawn"))
     ok, pid, name = c.get(timeout=30)
     assert ok and pid != os.getpid() and name == lock_name
     assert c.join(30) == 0

@@ -91,16 +91,38 @@ def test_dead_writer_is_reclaimed_and_marks_data_suspect(lock, lock_name, childr
     assert not lock.info().data_suspect
 
 
-def test_dead_updater_under_pause_unpins_the_pause(lock, lock_name, children):
+def test_dead_updater_under_pause_unpins_the_pause_and_fails_closed(lock, lock_name, children):
+    """A waiting resume wakes when the dead updater's pin is reclaimed, and
+    then refuses: the weights may be half-swapped.  A forced resume opens
+    the gate and clears the mark."""
     c = children(hold_and_hang, lock_name, "update")
     c.expect("holding")
     assert lock.paused
-    dt = kill_and_time(c, lambda: lock.resume(10))
-    assert dt < RECOVERY_BOUND
-    assert not lock.paused
+    outcome = {}
+
+    def resume():
+        try:
+            lock.resume(10)
+            outcome["r"] = "resumed"
+        except pyshmlock.DataSuspectError:
+            outcome["r"] = "refused"
+        outcome["t"] = time.monotonic()
+
+    t = threading.Thread(target=resume)
+    t.start()
+    time.sleep(0.2)
+    assert not outcome, "resume returned while the update held the pause"
+    t_kill = time.monotonic()
+    os.kill(c.pid, signal.SIGKILL)
+    t.join(10)
+    assert outcome.get("r") == "refused"
+    assert outcome["t"] - t_kill < RECOVERY_BOUND
+    assert lock.paused, "a lost update keeps the gate shut"
     info = lock.info()
     assert any(r.pid == c.pid and r.lost == ("update",) for r in info.recoveries)
     assert info.data_suspect
+    assert lock.resume(1, force=True)
+    assert not lock.paused and not lock.info().data_suspect
 
 
 def test_pause_of_a_dead_process_stays_set(lock, lock_name, children):
@@ -110,7 +132,9 @@ def test_pause_of_a_dead_process_stays_set(lock, lock_name, children):
     info = lock.info()     # looking reclaims the dead update
     assert info.updater_pid is None
     assert lock.paused, "resuming is the operator's decision"
-    assert lock.resume(1)
+    with pytest.raises(pyshmlock.DataSuspectError):
+        lock.resume(1)
+    assert lock.resume(1, force=True)
 
 
 @pytest.mark.parametrize("kind", ["read", "write"])
@@ -207,7 +231,10 @@ def chaos_worker(q, name, cells, index, seed):
         elif op < 0.95:
             lk.pause()
         else:
-            lk.resume(0.5)
+            try:
+                lk.resume(0.5)
+            except pyshmlock.DataSuspectError:
+                pass       # an updater was killed: shut until an update completes
 
 
 def _enter(cells, index, pid, kind, lk, q):
@@ -261,7 +288,7 @@ def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
             violations.append(w.q.get(timeout=1))
     assert kills >= 100
     assert violations == []
-    assert lock.resume(2)
+    assert lock.resume(2, force=True)   # killed updaters may have left the data suspect
     t0 = time.monotonic()
     assert lock.acquire_write(1), "writer could not get in after the chaos"
     assert time.monotonic() - t0 < 1

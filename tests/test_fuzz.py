@@ -5,6 +5,7 @@ Two fuzzers: a mutation fuzz through the Python API (always; it runs in a
 child process so that a crash fails the test instead of killing pytest), and
 the coverage-guided libFuzzer target verify/fuzz_open.c built with ASan and
 UBSan (when clang and libFuzzer are installed; `make fuzz` runs it longer)."""
+import contextlib
 import glob
 import os
 import random
@@ -66,6 +67,20 @@ def mutate_and_open(q, name, seeds, rounds, seed):
                 lk.release_read()
             if lk.acquire_write(0):
                 lk.release_write()
+            # Sessions, resume and fences read header fields of their own.
+            session = lk.info().session
+            if session is not None:
+                try:
+                    lk.end_session(session.token)
+                except pyshmlock.SessionError:
+                    pass
+            try:
+                lk.resume(0)
+            except (pyshmlock.DataSuspectError, pyshmlock.ManagedLockError):
+                pass
+            with contextlib.suppress(TimeoutError):
+                lk.end_session(lk.begin_session(ttl=1, timeout=0))
+            lk.raise_fence(lk.fence + 1)
             outcomes["opened"] = outcomes.get("opened", 0) + 1
         except (pyshmlock.SegmentError, RuntimeError) as e:
             outcomes[type(e).__name__] = outcomes.get(type(e).__name__, 0) + 1

@@ -98,6 +98,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             shl_release_write(h);
         if (shl_acquire_update(h, 0) == SHL_OK)
             shl_release_update(h);
+        /* Sessions, resume and fences read and write header fields of
+         * their own (token, deadline, flags, fence): any value must be an
+         * answer, never a fault or an overflow. */
+        uint64_t tok = 0, f = 0, a = 0;
+        if (shl_info(h, &snap) == SHL_OK && snap.session_token)
+            shl_session_end(h, snap.session_token);
+        shl_resume(h, 0, 0);
+        shl_wait_unpinned(h, 0);
+        if (shl_session_begin(h, 1000000000LL, 0, &tok) == SHL_OK)
+            shl_session_end(h, tok);
+        shl_resume(h, 0, SHL_RESUME_FORCE);
+        shl_fence_raise(h, 7, &f);
+        shl_fence_get(h, &f, &a);
         shl_close(h);
     } else if (r >= 0) {
         abort();   /* an error must be negative */

@@ -6,6 +6,8 @@ and left in a known state, so the seeds follow every layout change:
     fresh-1           a new lock, max_processes=1, this process attached
     lease-expired-2   max_processes=2, a host lease that has already passed
     paused-reading-3  max_processes=3, paused while this process holds a read
+    session-fenced-2  max_processes=2, an update session pins the pause, a
+                      fence raised and a fenced update applied
 
     python verify/make_seeds.py     # after a layout change; then commit them
 """
@@ -46,6 +48,15 @@ def main() -> int:
         assert lk.pause()
         _snapshot(lk, "paused-reading-3")
         lk.release_read()
+
+        lk = pyshmlock.RWLock(f"{tag}-4", max_processes=2)
+        made.append(lk)
+        lk.raise_fence(41)
+        with lk.fenced_update(42):
+            pass
+        token = lk.begin_session(ttl=60)
+        _snapshot(lk, "session-fenced-2")
+        lk.end_session(token)
     finally:
         for lk in made:
             name = lk.name

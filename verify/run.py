@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +40,7 @@ class Config(NamedTuple):
 
 
 W, R, U, P = "KIND_WRITE", "KIND_READ", "KIND_UPDATE", "KIND_NONE"   # P: pause+resume
+S = "KIND_SESSION"      # an update session: begin, an update call, end, resume
 
 
 def fixed(a: str, b: str, c: str, victim: Optional[int] = None, ops: int = 1) -> Tuple[str, ...]:
@@ -50,6 +52,21 @@ def fixed(a: str, b: str, c: str, victim: Optional[int] = None, ops: int = 1) ->
 
 
 FREE3 = ("NP=3", "OPS=1", "MAXDEATHS=0")
+
+
+def pair(a: str, b: str, victim: Optional[int] = None) -> Tuple[str, ...]:
+    """Two processes with a fixed workload (see fixed)."""
+    deaths = ("MAXDEATHS=0",) if victim is None else ("MAXDEATHS=1", f"VICTIM={victim}")
+    return ("NP=2", "OPS=1", *deaths, f"KIND0={a}", f"KIND1={b}", f"KIND2={P}")
+
+
+def sessions(a: str, b: str, c: Optional[str] = None, victim: Optional[int] = None
+             ) -> Tuple[str, ...]:
+    """Update sessions (and the expirer) with a fixed workload of two or
+    three processes; with a victim, that process may be SIGKILLed."""
+    deaths = ("MAXDEATHS=0",) if victim is None else ("MAXDEATHS=1", f"VICTIM={victim}")
+    return ("SESSIONS", f"NP={3 if c else 2}", "OPS=1", *deaths, f"KIND0={a}", f"KIND1={b}",
+            f"KIND2={c or P}")
 
 TWO = ("NP=2", "OPS=1", "MAXDEATHS=0")
 TWO_DEATH = ("NP=2", "OPS=1", "MAXDEATHS=1")
@@ -90,6 +107,14 @@ CONFIGS = [
     Config("2 processes x 1 op, one may close the lock", TWO_CLOSE),
     Config("2 processes x 1 op, close, no reduction", TWO_CLOSE, reduce=False),
     Config("3 processes: read, update, pause+resume", fixed(R, U, P)),
+    Config("session, pause+resume; a session may expire", sessions(S, P)),
+    Config("two sessions; either may expire", sessions(S, S)),
+    Config("session, pause+resume; the session's process may die", sessions(S, P, victim=0)),
+    Config("pause+resume, update; the updater may die", pair(P, U, victim=1)),
+    Config("session, read, pause+resume", sessions(S, R, P), quick=False),
+    Config("session, session, pause+resume", sessions(S, S, P), quick=False),
+    Config("session, read, pause+resume; the session's process may die",
+           sessions(S, R, P, victim=0), quick=False),
     Config("epoch wraps in a reader's wait: read, 4 writes, pause", wrap(), quick=False),
     Config("2 processes x 2 ops", two_by(2), quick=False),
     Config("2 processes x 2 ops, waits may time out", two_by(2) + ("TIMEOUTS",), quick=False),
@@ -171,6 +196,31 @@ MUTANTS: Dict[str, Mutant] = {
                             "never woken when that writer dies between its claim and its "
                             "wake-up (found by the full run of this configuration)",
                             quick=False),
+    "RESUME_IGNORES_SESSION": Mutant(sessions(S, P),
+                                     "resume does not wait for an update session's pin: "
+                                     "the gate opens between the session's calls"),
+    "SESSION_END_NO_WAKE": Mutant(sessions(S, P),
+                                  "a session's end clears the pin without waking the "
+                                  "resume that sleeps on it (lost wake-up)"),
+    "END_IGNORES_TOKEN": Mutant(sessions(S, S),
+                                "end_session ends whatever session pins the pause: a late "
+                                "end of an expired session unpins the next one"),
+    "EXPIRE_MARKS_LATE": Mutant(sessions(S, P),
+                                "an expiring session is marked suspect after its unpin: a "
+                                "resume in between opens on half-loaded data"),
+    "RELEASE_CLEARS_ALWAYS": Mutant(sessions(S, P),
+                                    "every completed update clears the suspect mark, also an "
+                                    "update call of a session that expired around it (the "
+                                    "model found this in the first session design)"),
+    "RECOVERY_KEEPS_ENDING": Mutant(sessions(S, P, victim=0),
+                                    "a process that dies after taking a session's end and "
+                                    "before the unpin leaves the pause pinned for ever"),
+    "RESUME_IGNORES_SUSPECT": Mutant(pair(P, U, victim=1),
+                                     "resume opens the gate after an updater died "
+                                     "mid-update (half-swapped data)"),
+    "RECOVER_MARK_LATE": Mutant(fixed(P, U, P, victim=1),
+                                "recovery marks a dead updater's data suspect only after "
+                                "clearing its claim: a resume in between opens the gate"),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "
@@ -271,6 +321,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--markers", action="store_true", help="print model step -> C line")
     ap.add_argument("--timeout", type=float, default=1800.0,
                     help="seconds per run; a run cut there is reported as incomplete")
+    ap.add_argument("--jobs", type=int, default=0,
+                    help="searches run side by side (default: one per CPU with --quick, "
+                         "else 1)")
     ap.add_argument("--memory-mb", type=int, default=default_memory_mb(),
                     help="memory for one search (default: 80%% of what is available)")
     args = ap.parse_args(argv)
@@ -282,35 +335,42 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  [model:{name}]  {place if place else 'MISSING'}")
     ok = True
     opt = "-O0" if args.quick else "-O2"    # small searches: compiling dominates
-    if not args.mutants_only:
-        print("protocol (every property must hold):")
-        for cfg in CONFIGS:
-            if args.quick and not cfg.quick:
-                continue
-            r = run_spin(cfg.defines, cfg.exhaustive, args.timeout, args.memory_mb,
-                         reduce=cfg.reduce, optimize=opt)
+    # Small searches run side by side (compiling pan.c dominates them); the
+    # large ones one at a time, each with the memory.
+    jobs = args.jobs or (os.cpu_count() or 1 if args.quick else 1)
+    memory = max(1000, args.memory_mb // jobs)
+    configs = [c for c in CONFIGS if not (args.quick and not c.quick)] \
+        if not args.mutants_only else []
+    mutants = [(n, m) for n, m in MUTANTS.items() if not (args.quick and not m.quick)]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = [pool.submit(run_spin, c.defines, c.exhaustive, args.timeout, memory,
+                            reduce=c.reduce, optimize=opt) for c in configs]
+        mruns = [pool.submit(run_spin, m.defines + (f"MUTANT_{n}",), True, args.timeout,
+                             memory, optimize=opt) for n, m in mutants]
+        if configs:
+            print("protocol (every property must hold):")
+        for cfg, fut in zip(configs, runs):
+            r = fut.result()
             held = r.errors == 0
             kind = ("exhaustive" if r.complete else "INCOMPLETE" if cfg.exhaustive else
                     "bitstate" if r.finished else "bitstate, cut at the time limit")
             ok = ok and held and (r.complete or not cfg.exhaustive)
             print(f"  {'HOLDS' if held else 'FAILS'}  {cfg.name:44} {r.states:>14,.0f} states "
-                  f"({kind}, {r.seconds:.1f} s){'  ' + r.detail if r.detail else ''}")
-    print("mutants (each must be caught, unless marked as not needed):")
-    for name, m in MUTANTS.items():
-        if args.quick and not m.quick:
-            continue
-        r = run_spin(m.defines + (f"MUTANT_{name}",), True, args.timeout, args.memory_mb,
-                     optimize=opt)
-        caught = r.errors > 0
-        if m.caught:
-            good, verdict = caught, "CAUGHT" if caught else "MISSED"
-        else:   # must hold, exhaustively: the property does not depend on it
-            good = not caught and r.complete
-            verdict = "NOT NEEDED" if good else "UNEXPECTED"
-        ok = ok and good
-        print(f"  {verdict}  {name:22} {m.what}\n"
-              f"          -> {r.detail or 'no error found'} ({r.states:,.0f} states, "
-              f"{'complete, ' if r.complete else ''}{r.seconds:.1f} s)")
+                  f"({kind}, {r.seconds:.1f} s){'  ' + r.detail if r.detail else ''}",
+                  flush=True)
+        print("mutants (each must be caught, unless marked as not needed):")
+        for (name, m), fut in zip(mutants, mruns):
+            r = fut.result()
+            caught = r.errors > 0
+            if m.caught:
+                good, verdict = caught, "CAUGHT" if caught else "MISSED"
+            else:   # must hold, exhaustively: the property does not depend on it
+                good = not caught and r.complete
+                verdict = "NOT NEEDED" if good else "UNEXPECTED"
+            ok = ok and good
+            print(f"  {verdict}  {name:22} {m.what}\n"
+                  f"          -> {r.detail or 'no error found'} ({r.states:,.0f} states, "
+                  f"{'complete, ' if r.complete else ''}{r.seconds:.1f} s)", flush=True)
     print("all properties hold and every mutant is caught" if ok else "VERIFICATION FAILED")
     return 0 if ok else 1
 

@@ -17,6 +17,11 @@
  * protocol under the seq_cst operations the C code uses for every handshake;
  * it says nothing about weaker orderings (see docs/DESIGN.md).
  *
+ * With -DSESSIONS, a process may run an update session (KIND_SESSION:
+ * begin, one update call, end, then resume, as an SGLang trainer drives
+ * begin_weight_update / update / end / continue), and an expirer may end a
+ * session as expired at any moment (its TTL can be anything).
+ *
  * Mutants (-DMUTANT_...) inject one protocol bug each; tests/test_verify.py
  * checks that SPIN finds every one of them.
  */
@@ -43,7 +48,8 @@
 #define PAUSED     16
 #define SLEEPERS   32
 #define DRAINERS   64
-#define EPOCH_ONE  128
+#define PINNED     128      /* an update session pins the pause */
+#define EPOCH_ONE  256
 #define EPOCH_MASK (((1 << EPOCH_BITS) - 1) * EPOCH_ONE)
 #define EPOCH(s)   (((s) & EPOCH_MASK) / EPOCH_ONE)
 #define OWNER(s)   ((s) & OWNER_MASK)
@@ -67,6 +73,16 @@
 #define KIND_READ   1
 #define KIND_WRITE  2
 #define KIND_UPDATE 3
+#define KIND_SESSION 4      /* an update session (SESSIONS only) */
+
+/* What makes resume wait (try_resume's wait_for_pins). */
+#if defined(MUTANT_RESUME_IGNORES_UPDATE)
+#define RESUME_PINS PINNED
+#elif defined(MUTANT_RESUME_IGNORES_SESSION)
+#define RESUME_PINS UPDATE
+#else
+#define RESUME_PINS (UPDATE | PINNED)
+#endif
 
 int  st;                    /* the state word */
 /* The drain counter.  In C it is 32 bits, and a process only ever compares
@@ -140,7 +156,26 @@ byte g_phases[NP];          /* exclusive phases ended while this reader waited *
 bool g_waiting_read[NP];
 bool g_pause_seen[NP];      /* a pause happened while this reader waited */
 bool g_pausing[NW];         /* paused and not yet resumed (NW: the operator too) */
-bool g_stuck_pause;         /* a process died between its pause and its resume */
+bool g_stuck_pause;         /* a pause nobody will resume: its process died between
+                               pause and resume, or its resume was refused */
+/* The header's data-suspect mark (flags & FLAG_DATA_SUSPECT): set when a
+ * granted exclusive hold is reclaimed from a dead process and when a
+ * session expires; cleared by a completed exclusive release and by a
+ * forced resume.  Resume refuses while it is set. */
+bool suspect;
+byte marks;                 /* the flags word's count of marks made */
+byte sess_marks;            /* the header's session_marks: the count at its begin */
+byte g_sess_half;           /* ghost: g_half_seq when the session began */
+/* Update sessions: the header's session token, the count that makes
+ * tokens, and (ghost) the token of the session that pins the pause now. */
+byte sess_token;
+byte sess_count;
+byte g_session;
+/* Ghost: the protected data is half-written: an update holder died, or a
+ * session expired, and no exclusive section has completed since.  No
+ * unforced resume may open the gate then. */
+bool g_half;
+byte g_half_seq;            /* ghost: half-write events so far */
 byte g_claim_admits[NP];    /* reads admitted while this process's claim drained */
 
 #define IS_WATCHER(q, p) (asleep[q] && (watching[q] & (1 << (p))))
@@ -179,6 +214,25 @@ inline wake_drainers() {
     cleared = 0
 }
 
+/* The end of an update session: whoever takes the ending (a CAS of the
+ * token word to ENDING_BY(k) or EXPIRING_BY(k), k a slot or the expirer
+ * NP) clears PINNED, and only it.  A token word at ENDING_BY/EXPIRING_BY
+ * names no session: the next pin overwrites it. */
+#define ENDING_BY(k) (32 + (k))
+#define EXPIRING_BY(k) (64 + (k))
+#define IS_SESSION_TOKEN(t) ((t) > 0 && (t) < 32)
+inline unpin() {
+    atomic {   /* [model:SESSION_UNPIN] */
+        assert((st & PINNED) && g_session != 0);   /* only the owner of an ending unpins */
+        cleared = (st & SLEEPERS) != 0;
+        st = st & ~(PINNED | SLEEPERS); g_session = 0
+    }
+#ifndef MUTANT_SESSION_END_NO_WAKE
+    if :: cleared -> atomic { wake_state() } :: else fi;
+#endif
+    cleared = 0
+}
+
 /* ------------------------------------------------------------ recovery */
 
 /* Exclusive phases end: count them for the readers that wait. */
@@ -203,6 +257,13 @@ inline probe(p) {
         atomic { readers[p] = 0; if :: g_hold[p] == KIND_READ -> g_hold[p] = KIND_NONE :: else fi }
         /* [model:RECOVER_OWED] */
         atomic { rwait[2 * p] = 0; rwait[2 * p + 1] = 0 }
+#ifndef MUTANT_RECOVER_MARK_LATE
+        /* [model:RECOVER_MARK] a granted hold's data is suspect, marked
+         * before the claim is cleared */
+        atomic { if :: OWNER(st) == p + 1 && (st & GRANTED) -> suspect = 1; marks++ :: else fi }
+#else
+        atomic { got = (OWNER(st) == p + 1 && (st & GRANTED)) };
+#endif
         /* [model:RECOVER_CLAIM] */
         atomic {
             if
@@ -216,6 +277,22 @@ inline probe(p) {
             :: else
             fi
         }
+#ifdef MUTANT_RECOVER_MARK_LATE
+        /* the bug: the mark after the claim is gone */
+        atomic { if :: got -> suspect = 1; marks++ :: else fi };
+#endif
+#if defined(SESSIONS) && !defined(MUTANT_RECOVERY_KEEPS_ENDING)
+        /* [model:RECOVER_SESSION] an end the dead process took on and did
+         * not finish: take the token word back, then finish the unpin */
+        atomic {
+            if
+            :: sess_token == ENDING_BY(p) -> sess_token = 0; got = (st & PINNED) != 0
+            :: else -> got = 0
+            fi
+        }
+        if :: got -> unpin() :: else fi;
+        got = 1;
+#endif
         /* [model:RECOVER_WAKE] wake everyone on both words, bits or not */
 #ifndef MUTANT_RECLAIM_NO_WAKE
         atomic { st = st & ~(SLEEPERS | DRAINERS) };
@@ -506,16 +583,18 @@ inline acquire_excl(kind) {
 #ifdef MUTANT_HWM_STALE
         atomic { lim = hwm };   /* the bug: the bound is loaded before the claim */
 #endif
+        atomic { mymarks = marks };   /* [model:CLAIM_MARKS] (255: claimed under a pin) */
         atomic {   /* [model:EXCL_CLAIM] load + CAS, retried: one step when it succeeds */
-            s = st;
+            s = st; my_half = (g_session != 0 -> 255 : g_half_seq);
             if
             :: OWNER(s) == 0 ->
-                st = ((s & ~SLEEPERS) + EPOCH_ONE) & (EPOCH_MASK | PAUSED | DRAINERS | UPDATE | GRANTED | OWNER_MASK);
+                st = ((s & ~SLEEPERS) + EPOCH_ONE) & (EPOCH_MASK | PINNED | PAUSED | DRAINERS | UPDATE | GRANTED | OWNER_MASK);
                 st = (st & ~(UPDATE | GRANTED | OWNER_MASK)) | (me + 1);
                 if :: kind == KIND_UPDATE -> st = st | UPDATE;
                       if :: (s & PAUSED) -> st = st | GRANTED :: else fi
                    :: else fi;
                 claimed = 1; claim_epoch = EPOCH(st); g_claim_admits[me] = 0;
+                if :: (s & PINNED) -> mymarks = 255 :: else fi;
                 if :: (st & GRANTED) -> granted_now = 1 :: else fi
             :: else -> claimed = 0
             fi
@@ -640,6 +719,17 @@ inline release_excl() {
         cleared = (st & SLEEPERS) != 0;
         st = st & ~(CLAIM_BITS | SLEEPERS);
         g_hold[me] = KIND_NONE; g_claim_admits[me] = 0;
+        /* a completed exclusive section rewrote the data, as far as the
+         * half-writes before its claim go (C: the mark is cleared just
+         * before this CAS, unless a mark was made since the claim) */
+#ifndef MUTANT_RELEASE_CLEARS_ALWAYS
+        if :: mymarks != 255 && marks == mymarks -> suspect = 0 :: else fi;  /* [model:RELEASE_UNMARK] */
+#else
+        suspect = 0;
+#endif
+        /* ghost: a whole update done outside any session, begun after the
+         * last half-write, rewrote the data */
+        if :: my_half == g_half_seq -> g_half = 0 :: else fi;
         phase_ended()
     }
     if :: cleared -> atomic { wake_state() } :: else fi;
@@ -656,38 +746,101 @@ inline pause() {
     wake_drainers()
 }
 
-inline resume() {
+/* resume(force): wait while an update or a session pins the pause; then,
+ * unless forced, refuse while the data is suspect (the pause stays: the
+ * operator must decide, g_stuck_pause). */
+inline resume(force) {
     timed_out = 0;
     do
-    :: atomic {   /* [model:RESUME_CLEAR] */
-           s = st;
-           if
-           :: !(s & PAUSED) -> cas_ok = 1; g_pausing[me] = 0
-#ifndef MUTANT_RESUME_IGNORES_UPDATE
-           :: (s & PAUSED) && (s & UPDATE) -> cas_ok = 0
-           :: (s & PAUSED) && !(s & UPDATE) ->
-#else
-           :: (s & PAUSED) ->
-#endif
-               for (i : 0 .. NP - 1) { assert(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
-               i = 0;
-               st = s & ~(PAUSED | SLEEPERS);
-               cas_ok = 1; g_pausing[me] = 0
-           fi
-       }
+    :: atomic { s = st }
        if
-       :: cas_ok && (s & PAUSED) && (s & SLEEPERS) -> atomic { wake_state(); s = 0; cas_ok = 0 }; break
-       :: cas_ok && !((s & PAUSED) && (s & SLEEPERS)) -> s = 0; cas_ok = 0; break
-       :: else -> parked(); wait_state(s)
+       :: !(s & PAUSED) -> g_pausing[me] = 0; s = 0; break
+       :: (s & PAUSED) && (s & RESUME_PINS) -> parked(); wait_state(s)
+       :: (s & PAUSED) && !(s & RESUME_PINS) ->
+#ifndef MUTANT_RESUME_IGNORES_SUSPECT
+           atomic { cas_ok = suspect && !force };   /* [model:RESUME_SUSPECT] */
+#endif
+           if
+           :: cas_ok -> cas_ok = 0; s = 0; g_pausing[me] = 0; g_stuck_pause = 1; break   /* refused */
+           :: else
+           fi;
+           atomic {   /* [model:RESUME_CLEAR] the CAS from the word decided on */
+               if
+               :: st == s ->
+                   for (i : 0 .. NP - 1) { assert(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
+                   i = 0;
+                   assert(g_session == 0);                /* never inside a session */
+                   assert(force || !g_half);              /* never on half-written data */
+                   st = s & ~(PAUSED | SLEEPERS);
+                   if :: force -> suspect = 0; g_half = 0 :: else fi;
+                   cas_ok = 1; g_pausing[me] = 0
+               :: else -> cas_ok = 0
+               fi
+           }
+           if
+           :: cas_ok && (s & SLEEPERS) -> atomic { wake_state(); s = 0; cas_ok = 0 }; break
+           :: cas_ok && !(s & SLEEPERS) -> s = 0; cas_ok = 0; break
+           :: else -> s = 0
+           fi
        fi
     od
+}
+
+/* ------------------------------------------------------- update sessions */
+
+/* shl_session_begin is: wait until unpinned, take an update hold, then
+ * this pin step (sets `again` if another session pinned first: release,
+ * wait again), then release the hold.  user_ops strings the steps together
+ * around its one acquire_excl call site. */
+inline session_pin() {
+    atomic { again = (st & PINNED) != 0 };
+    if
+    :: !again ->
+        pause();
+        /* the token (and deadline) before PINNED (a release store) */
+        atomic { sess_marks = marks; g_sess_half = g_half_seq };
+        atomic { sess_count++; mytoken = sess_count; sess_token = mytoken };
+        atomic {   /* [model:SESSION_PIN] */
+            assert(!(st & PINNED) && g_session == 0);   /* one session at a time */
+            st = st | PINNED; g_session = mytoken
+        }
+    :: else
+    fi
+}
+
+/* shl_session_end(mytoken): a CAS of the token word from our token to
+ * ENDING_BY(me) takes the ending (see unpin), then PINNED is cleared. */
+inline session_end() {
+    atomic {   /* [model:SESSION_CLAIM_END] */
+#ifndef MUTANT_END_IGNORES_TOKEN
+        if
+        :: (st & PINNED) && sess_token == mytoken -> sess_token = ENDING_BY(me); cas_ok = 1
+        :: else -> cas_ok = 0                     /* SHL_ENOSESSION: it expired */
+        fi
+#else
+        /* the bug: end whatever session pins the pause */
+        if :: (st & PINNED) -> sess_token = ENDING_BY(me); cas_ok = 1 :: else -> cas_ok = 0 fi
+#endif
+    }
+    if
+    :: cas_ok ->
+        assert(g_session == mytoken);               /* an end ends its own session only */
+        cas_ok = 0;
+        atomic {   /* [model:SESSION_UNMARK] a completed session rewrote the data */
+            if :: suspect && marks == sess_marks -> suspect = 0 :: else fi;
+            if :: g_half_seq == g_sess_half -> g_half = 0 :: else fi
+        }
+        unpin()
+    :: else
+    fi
 }
 
 /* ------------------------------------------------------------ processes */
 
 
 #define RESET_LOCALS \
-    kind = 0; s = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0; old_epoch = 0; \
+    kind = 0; s = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0; old_epoch = 0; mytoken = 0; \
+    phase = 0; xkind = 0; again = 0; mymarks = 0; my_half = 0; \
     claim_epoch = 0; watched = 0; got = 0; timed_out = 0; gone = 0; changed = 0; admitted = 0; \
     was_last = 0; cas_ok = 0; i = 0; k = 0; lim = 0
 
@@ -726,9 +879,34 @@ inline user_ops() {
         if
         :: kind == KIND_READ ->
             acquire_read(); if :: !timed_out -> release_read() :: else fi
-        :: kind == KIND_WRITE || kind == KIND_UPDATE ->
-            acquire_excl(kind); if :: !timed_out -> release_excl() :: else fi
-        :: kind == KIND_NONE -> pause(); resume()
+        :: kind == KIND_WRITE || kind == KIND_UPDATE || kind == KIND_SESSION ->
+            /* A session (SGLang: begin_weight_update, update, end, continue)
+             * is phases around the one acquire_excl call site: 1 wait until
+             * unpinned, 2 update hold + pin, 3 an update call of the
+             * session, 4 end + resume; 0 a plain write/update; 5 done. */
+            phase = (kind == KIND_SESSION -> 1 : 0);
+            xkind = (kind == KIND_SESSION -> KIND_UPDATE : kind);
+            do
+            :: phase == 1 ->
+                atomic { s = st };
+                if
+                :: (s & PINNED) -> parked(); wait_state(s); if :: timed_out -> phase = 5 :: else fi
+                :: else -> s = 0; phase = 2
+                fi
+            :: phase == 0 || phase == 2 || phase == 3 ->
+                acquire_excl(xkind);
+                if
+                :: timed_out -> phase = 5
+                :: !timed_out && phase == 2 ->
+                    session_pin(); release_excl();
+                    phase = (again -> 1 : 3); again = 0
+                :: !timed_out && phase != 2 ->
+                    release_excl(); phase = (phase == 3 -> 4 : 5)
+                fi
+            :: phase == 4 -> session_end(); resume(0); phase = 5
+            :: phase == 5 -> break
+            od
+        :: kind == KIND_NONE -> pause(); resume(0)
         fi;
         atomic { n++; RESET_LOCALS }
     :: else -> break
@@ -746,6 +924,7 @@ inline die() {
     alive[me] = 0; freed[me] = 1; deaths++; seq_same[me] = 0;
 #endif
     if :: g_pausing[me] -> g_stuck_pause = 1; g_pausing[me] = 0 :: else fi;
+    if :: g_hold[me] == KIND_UPDATE -> g_half = 1; g_half_seq++ :: else fi;   /* died mid-update */
     asleep[me] = 0; on_drain[me] = 0; watching[me] = 0;
     k = 0;                                  /* k: how many watch us */
     for (i : 0 .. NW - 1) { if :: IS_WATCHER(i, me) -> k++ :: else fi }
@@ -765,7 +944,8 @@ proctype user(byte me) {
     byte registered;        /* bit p: counted in rwait[2 * me + p] */
     bool changed, timed_out, admitted, was_last, claimed, granted_now, cas_ok;
     bool cleared, gone;
-    byte my_epoch, old_epoch, claim_epoch;
+    byte my_epoch, old_epoch, claim_epoch, mytoken, phase, xkind, mymarks, my_half;
+    bool again;
 #if MAXDEATHS > 0
     /* A death may strike before any step.  The reaper's signal is a
      * rendezvous, so the kill and the death are one atomic step: no state
@@ -809,8 +989,9 @@ end_reaper:
     fi
 }
 
-/* Resuming after a dead process's pause is the operator's decision; it is
- * needed (and taken) only when the dead process paused and never resumed. */
+/* Resuming after a dead process's pause (or a refused resume) is the
+ * operator's decision, made with force (`pyshmlock resume --force`); it is
+ * taken only when such a pause is left. */
 active proctype operator() {
     int s;
     byte i, k, got, watched, me;
@@ -818,9 +999,33 @@ active proctype operator() {
     int armed;
     me = NP;    /* not a slot of the lock: never equal to an owner */
 end_operator:
-    g_stuck_pause;
-    resume()
+    do
+    :: atomic { g_stuck_pause -> g_stuck_pause = 0 }; resume(1)
+    od
 }
+
+#ifdef SESSIONS
+/* A session's TTL may pass at any moment: the expirer (session_expire, run
+ * by any attached process's watchdog or a waiter) may end the session that
+ * pins the pause, once: take the ending, mark the data suspect, unpin. */
+active proctype expirer() {
+    byte i;
+    bool cleared;
+end_expirer:
+    atomic {   /* [model:SESSION_CLAIM_EXPIRE] */
+        (st & PINNED) && IS_SESSION_TOKEN(sess_token) -> sess_token = EXPIRING_BY(NP)
+    };
+#ifndef MUTANT_EXPIRE_MARKS_LATE
+    atomic { suspect = 1; marks++ };             /* [model:SESSION_MARK] */
+#endif
+    atomic { g_half = 1; g_half_seq++ };         /* the session did not complete */
+    unpin();
+#ifdef MUTANT_EXPIRE_MARKS_LATE
+    atomic { suspect = 1; marks++ };             /* the bug: marked after the unpin */
+#endif
+    skip
+}
+#endif
 
 init {
     byte p;

@@ -62,6 +62,21 @@ static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot
     out->recovery_count = atomic_load_explicit(&hd->recovery_count, memory_order_relaxed);
     out->creator_pid = hd->creator_pid;
     out->self_slot = -1;
+    int64_t now = mono_ns();
+    if (s & ST_PINNED) {
+        out->session_token = atomic_load_explicit(&hd->session_token, memory_order_acquire);
+        out->session_pid = atomic_load_explicit(&hd->session_pid, memory_order_relaxed);
+        out->session_began_ns = atomic_load_explicit(&hd->session_began_ns, memory_order_relaxed);
+        out->session_remaining_ns =
+            sat_sub(atomic_load_explicit(&hd->session_deadline_ns, memory_order_relaxed), now);
+    }
+    out->session_expiries = atomic_load_explicit(&hd->session_expiries, memory_order_relaxed);
+    out->fence = atomic_load_explicit(&hd->fence, memory_order_relaxed);
+    out->applied = atomic_load_explicit(&hd->applied, memory_order_relaxed);
+    int64_t lease = atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed);
+    out->lease_armed = lease != 0;
+    out->lease_remaining_ns = lease ? sat_sub(lease, now) : 0;
+    out->lease_pid = atomic_load_explicit(&hd->lease_pid, memory_order_relaxed);
     return SHL_OK;
 }
 
@@ -150,6 +165,16 @@ int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
     if (index >= SHL_RECOVERY_LOG)
         return h == NULL ? SHL_ECLOSED : SHL_EINVAL;
     RUN_IN_FLIGHT(h, do_recovery_info(h, index, out));
+}
+
+static int do_is_paused(shl_lock *h)
+{
+    return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
+}
+
+int shl_is_paused(shl_lock *h)
+{
+    RUN_IN_FLIGHT(h, do_is_paused(h));
 }
 
 uint32_t shl_load_state(shl_lock *h)

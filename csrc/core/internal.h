@@ -58,7 +58,7 @@
  * each value read from it as untrusted (bounds-check indices and counts). */
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
-#define SHL_LAYOUT  2u                   /* 2: slot.pidns */
+#define SHL_LAYOUT  3u                   /* 2: slot.pidns; 3: sessions, PINNED, fences */
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
 #define ST_OWNER     0x00000FFFu
@@ -67,14 +67,30 @@
 #define ST_PAUSED    0x00004000u
 #define ST_SLEEPERS  0x00008000u
 #define ST_DRAINERS  0x00010000u
-#define ST_EPOCH_SHIFT 17
+#define ST_PINNED    0x00020000u
+#define ST_EPOCH_SHIFT 18
 #define ST_EPOCH_ONE (1u << ST_EPOCH_SHIFT)
 #define ST_EPOCH(s)  ((s) >> ST_EPOCH_SHIFT)
 #define ST_CLAIM_BITS (ST_OWNER | ST_UPDATE | ST_GRANTED)
-_Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED,
+_Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED &&
+               SHL_STATE_PINNED == ST_PINNED,
                "shmlock.h's SHL_STATE_ bits must be the state word's ST_ bits");
 
+/* The flags word: the data-suspect mark, and a count of the marks made
+ * (bits 8-31, wrapping).  What rewrote the data clears the mark: a
+ * completed exclusive section outside any session, if no mark was made
+ * since its claim, or a session ended normally, if no mark was made since
+ * it began.  An update call inside a session clears nothing: the session,
+ * not the call, is the unit of an update (its expiry may be marked while
+ * the call runs). */
 #define FLAG_DATA_SUSPECT 1u
+#define FLAG_MARK_ONE     (1u << 8)
+#define FLAG_MARKS(f)     ((f) >> 8)
+#define EXCL_IN_SESSION   0xFFFFFFFFu    /* excl_marks of a claim made under a pin */
+/* Clear the mark if the count is still `marks` (slots.c). */
+#pragma GCC visibility push(hidden)
+void unmark_suspect(shl_lock *h, uint32_t marks);
+#pragma GCC visibility pop
 
 /* How long a waiter sleeps before it re-probes the processes it waits on,
  * as a safety net only: deaths normally wake it through futex_waitv. */
@@ -119,6 +135,21 @@ struct shl_header {
     _Alignas(64) _Atomic int64_t lease_deadline_ns;
     _Atomic uint32_t lease_pid;         /* who armed it (observability) */
     _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
+    /* Update session (layout 3; protocol.c "Update sessions").  The state
+     * word's PINNED bit says whether a session exists; these say which one
+     * (the token) and until when.  Written by the pinner, under its update
+     * hold, before it sets PINNED. */
+    _Alignas(64) _Atomic uint64_t session_token;
+    _Atomic int64_t session_deadline_ns;   /* CLOCK_MONOTONIC */
+    _Atomic uint64_t session_began_ns;     /* CLOCK_REALTIME */
+    _Atomic uint32_t session_pid;          /* who began it (observability) */
+    _Atomic uint32_t session_count;        /* sessions begun: part of each token */
+    _Atomic uint32_t session_expiries;
+    _Atomic uint32_t session_marks;        /* the flags' mark count when it began */
+    /* Fencing at the host (cluster): the highest fleet update token seen
+     * (only rises) and the token of the last completed fenced update. */
+    _Atomic uint64_t fence;
+    _Atomic uint64_t applied;
 };
 
 struct shl_slot {
@@ -145,6 +176,8 @@ struct shl_lock {
                                        system call, too dear for every write */
     _Atomic uint32_t held_reads;    /* process-local truth about our holds */
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
+    _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
+                                       or EXCL_IN_SESSION (claimed while PINNED) */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
     /* Calls inside the core on this handle (low 29 bits), H_SWEEP, H_CLOSING and
@@ -172,6 +205,15 @@ static inline uint64_t real_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* a - b without overflow (the operands may come from an untrusted segment). */
+static inline int64_t sat_sub(int64_t a, int64_t b)
+{
+    int64_t r;
+    if (__builtin_sub_overflow(a, b, &r))
+        return b < 0 ? INT64_MAX : INT64_MIN;
+    return r;
 }
 
 static inline void ns_to_timespec(int64_t ns, struct timespec *ts)
@@ -285,7 +327,8 @@ enum { KEEP_TRYLOCK = 1, KEEP_UNLOCK = 2 };
 int keeper_call(int op, pthread_mutex_t *m);
 int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot);
 
-/* slots.c: liveness and recovery. */
+/* slots.c: liveness and recovery; the data-suspect mark. */
+void mark_suspect(shl_lock *h);
 void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, uint32_t owed);
 int slot_is_clean(const struct shl_slot *sl);
 void init_slot_mutex(pthread_mutex_t *m);
@@ -299,11 +342,15 @@ uint32_t *mutex_word(pthread_mutex_t *m);
 
 /* protocol.c: the attempts, for the blocking calls and the watcher. */
 uint32_t scan_limit(shl_lock *h);
+/* session.c: expiry and the recovery of a dead process's unfinished end. */
+int session_expire(shl_lock *h);         /* 1 if it ended an expired session */
+void session_recover(shl_lock *h, uint32_t i);
 int do_try(shl_lock *h, shl_waiter *w);
 void do_cancel(shl_lock *h, shl_waiter *w);
 int do_pause(shl_lock *h);
 
-/* wait.c: sleeping with a death watch. */
+/* wait.c: sleeping with a death watch, and the blocking loop. */
+int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
 int collect_watch_set(shl_lock *h, int32_t *watch, int cap);
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns);

@@ -75,6 +75,9 @@ static int lease_sweep(int *open)
         if (!(n & (H_CLOSED | H_CLOSING))) {
             (*open)++;
             armed |= lease_check(h);
+            /* An update session past its deadline ends here at the latest
+             * (within one LEASE_IDLE_NS of it), whoever else is around. */
+            session_expire(h);
         }
         atomic_fetch_sub_explicit(&h->inflight, H_SWEEP, memory_order_release);
     }

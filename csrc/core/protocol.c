@@ -27,7 +27,8 @@
  *   bit     14  PAUSED    no new read hold is granted anywhere
  *   bit     15  SLEEPERS  someone sleeps on the state word (futex)
  *   bit     16  DRAINERS  someone sleeps on the drain counter (futex)
- *   bits 17-31  EPOCH     counts exclusive claims (wraps)
+ *   bit     17  PINNED    an update session pins the pause (see below)
+ *   bits 18-31  EPOCH     counts exclusive claims (wraps)
  *
  * Read admission is a Dekker handshake between a reader and the exclusive
  * claimant, with sequentially consistent operations on both sides:
@@ -67,6 +68,24 @@
  * readers present or owed when it claimed.  After setting GRANTED the writer
  * scans the reader counts once more (second Dekker pair), so a late owed
  * reader that slipped in is waited for, never overlapped.
+ *
+ * Update sessions.  A session is an update pin owned by a token, not by a
+ * process: it begins in one process and may end in another.  PINNED in
+ * the state word is the session's existence; the header's session_token
+ * and deadline say which one and until when.  Begin: under an update hold
+ * (so every reader was drained or is frozen by a pause), pause, write the
+ * token and deadline, then set PINNED (session.c, session_pin).  While
+ * PINNED is set resume waits, exactly as for UPDATE, so the gate stays
+ * shut between the session's update calls whichever processes make them;
+ * each of those calls is an ordinary update hold, granted at once under
+ * the pause.  End (any process), or expiry past the deadline (the lease
+ * watchdog of any attached process, or a waiter): a CAS of the token word
+ * from the session's token to "ending by slot i" decides who ends it, and
+ * only that process clears PINNED (its slot's recovery does, if it dies in
+ * between).  A new session pins only once PINNED is clear, so no end can
+ * clear a later session's pin.  An expiry marks the data suspect before it
+ * unpins: the pause stays, and resume refuses (SHL_ESUSPECT) until a
+ * completed update or a forced resume clears the mark.
  *
  * Waiting uses Linux futexes on shared (not private) words.  A waiter sets
  * SLEEPERS or DRAINERS before it sleeps; whoever changes a condition that a
@@ -313,7 +332,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
     struct shl_header *hd = h->hdr;
     if (!w->claimed) {
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
-        uint32_t ns;
+        uint32_t ns, marks;
         for (;;) {
             int32_t o = owner_index(h, s);
             if (o == -2)
@@ -325,6 +344,11 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
                 return SHL_AGAIN;
             }
             ns = ((s & ~ST_SLEEPERS) + ST_EPOCH_ONE) | ((uint32_t)h->self + 1);
+            /* The marks made so far, read before the claim: a mark made
+             * while this claim drains or holds keeps the data suspect past
+             * its release (see release_exclusive).  relaxed: a stale count
+             * only keeps a mark that this section might have cleared. */
+            marks = FLAG_MARKS(atomic_load_explicit(&hd->flags, memory_order_relaxed)); /* [model:CLAIM_MARKS] */
             if (w->kind == SHL_KIND_UPDATE) {
                 ns |= ST_UPDATE;
                 if (s & ST_PAUSED)
@@ -335,6 +359,11 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
                                                       memory_order_relaxed)) /* [model:EXCL_CLAIM] */
                 break;
         }
+        /* Only the winner of the claim keeps its marks (process-local; read
+         * by whichever thread of ours releases).  Under a session's pin it
+         * clears nothing at its release. */
+        atomic_store_explicit(&h->excl_marks, (s & ST_PINNED) ? EXCL_IN_SESSION : marks,
+                              memory_order_relaxed);
         /* Owed readers may enter while we drain: wake the sleepers. */
         if (s & ST_SLEEPERS)
             futex_wake_all(&hd->state);
@@ -348,6 +377,50 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
     return drain_for_exclusive(h, w);
 }
 
+/* May a resume open the gate now, apart from updates and sessions?  A
+ * suspect lock stays shut unless forced; a lock under a host lease is the
+ * cluster agent's to open (its agent resumes as manager).  flags is
+ * loaded after the state word that showed no pin or update: the suspect
+ * mark is set before the CAS that clears an update claim or a pin
+ * (recover_slot, session_expire), so that CAS, which our seq_cst load
+ * read from, carries the mark with it. */
+static int resume_allowed(shl_lock *h, const shl_waiter *w)
+{
+    struct shl_header *hd = h->hdr;
+    if (w->flags & SHL_RESUME_FORCE)
+        return SHL_OK;
+    if (atomic_load_explicit(&hd->flags, memory_order_relaxed) & FLAG_DATA_SUSPECT) /* [model:RESUME_SUSPECT] */
+        return SHL_ESUSPECT;
+    if (!(w->flags & SHL_RESUME_MANAGER) &&
+        atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) != 0)
+        return SHL_EMANAGED;
+    return SHL_OK;
+}
+
+/* Wait while an update or a session pins the pause (an expired session is
+ * ended on the way).  SHL_OK: nothing pins it (state in *sp). */
+static int wait_for_pins(shl_lock *h, shl_waiter *w, uint32_t *sp)
+{
+    uint32_t s = *sp;
+    while ((s & ST_PINNED) && session_expire(h))
+        s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    *sp = s;
+    if (s & ST_PINNED) {
+        wait_on_state(w, s);
+        return SHL_AGAIN;
+    }
+    if (s & ST_UPDATE) {
+        int32_t o = owner_index(h, s);
+        if (o == -2)
+            return SHL_ECORRUPT;
+        if (o == h->self && excl_is_this_thread(h, w))
+            return SHL_EDEADLK;
+        wait_on_state(w, s);
+        return SHL_AGAIN;
+    }
+    return SHL_OK;
+}
+
 static int try_resume(shl_lock *h, shl_waiter *w)
 {
     struct shl_header *hd = h->hdr;
@@ -355,24 +428,33 @@ static int try_resume(shl_lock *h, shl_waiter *w)
     for (;;) {
         if (!(s & ST_PAUSED))
             return SHL_OK;
-        if (s & ST_UPDATE) {
-            int32_t o = owner_index(h, s);
-            if (o == -2)
-                return SHL_ECORRUPT;
-            if (o == h->self && excl_is_this_thread(h, w))
-                return SHL_EDEADLK;
-            wait_on_state(w, s);
-            return SHL_AGAIN;
-        }
+        int r = wait_for_pins(h, w, &s);
+        if (r == SHL_OK)
+            r = resume_allowed(h, w);
+        if (r != SHL_OK)
+            return r;
         uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                   memory_order_seq_cst)) /* [model:RESUME_CLEAR] */
             break;
     }
     atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
+    if (w->flags & SHL_RESUME_FORCE)   /* the caller vouches for the data */
+        atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
     if (s & ST_SLEEPERS)
         futex_wake_all(&hd->state);
     return SHL_OK;
+}
+
+static int try_wait_unpinned(shl_lock *h, shl_waiter *w)
+{
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    while ((s & ST_PINNED) && session_expire(h))
+        s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
+    if (!(s & ST_PINNED))
+        return SHL_OK;
+    wait_on_state(w, s);
+    return SHL_AGAIN;
 }
 
 static int try_wait_resumed(shl_lock *h, shl_waiter *w)
@@ -407,6 +489,7 @@ int do_try(shl_lock *h, shl_waiter *w)
     case SHL_KIND_RESUME:   return try_resume(h, w);
     case SHL_KIND_RESUMED:  return try_wait_resumed(h, w);
     case SHL_KIND_DRAINED:  return try_wait_drained(h, w);
+    case SHL_KIND_UNPINNED: return try_wait_unpinned(h, w);
     default:                return SHL_EINVAL;
     }
 }
@@ -500,8 +583,11 @@ static int do_release_exclusive(shl_lock *h, int kind)
         atomic_store_explicit(&h->held_excl, kind, memory_order_release);
         return SHL_ECORRUPT;
     }
-    /* A completed exclusive section makes the data trustworthy again. */
-    atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
+    /* A completed exclusive section makes the data trustworthy again, as
+     * far as the marks made before its claim go (see FLAG_MARK_ONE). */
+    uint32_t mine = atomic_load_explicit(&h->excl_marks, memory_order_relaxed);
+    if (mine != EXCL_IN_SESSION)
+        unmark_suspect(h, mine);   /* [model:RELEASE_UNMARK] */
     atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
     /* seq_cst (release at least): everything written under the hold is
      * visible to whoever is admitted next. */
@@ -545,16 +631,6 @@ int do_pause(shl_lock *h)
 int shl_pause(shl_lock *h)
 {
     RUN_IN_FLIGHT(h, do_pause(h));
-}
-
-static int do_is_paused(shl_lock *h)
-{
-    return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
-}
-
-int shl_is_paused(shl_lock *h)
-{
-    RUN_IN_FLIGHT(h, do_is_paused(h));
 }
 
 static int do_is_locked(shl_lock *h)

@@ -67,7 +67,7 @@ int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
     return SHL_OK;
 }
 
-static void init_segment(struct shl_header *hd, uint32_t max)
+static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
 {
     struct shl_slot *slots = (struct shl_slot *)(hd + 1);
     hd->magic = SHL_MAGIC;
@@ -79,6 +79,18 @@ static void init_segment(struct shl_header *hd, uint32_t max)
     hd->total_size = layout_size(max);
     for (uint32_t i = 0; i < max; i++)
         init_slot_mutex(&slots[i].owner);
+    if (fail_closed) {
+        /* A cluster host's lock: born paused, with a host lease that has
+         * already passed, so no opener admits anything (and the stale reset
+         * keeps the pause) until the host's agent has mirrored the cluster
+         * and armed a lease of its own. */
+        atomic_store_explicit(&hd->state, ST_PAUSED, memory_order_relaxed);
+        atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);
+        atomic_store_explicit(&hd->paused_at_ns, real_ns(), memory_order_relaxed);
+        atomic_store_explicit(&hd->pause_count, 1, memory_order_relaxed);
+        atomic_store_explicit(&hd->lease_deadline_ns, 1, memory_order_relaxed);
+        atomic_store_explicit(&hd->lease_pid, (uint32_t)getpid(), memory_order_relaxed);
+    }
     /* release: an opener that sees READY (acquire) sees all of the above. */
     atomic_store_explicit(&hd->ready, SHL_READY, memory_order_release);
 }
@@ -187,10 +199,16 @@ static int open_name(const char *path, int create, uint32_t mode, int *created)
     return fd;
 }
 
-/* Give a segment we just created its group, mode and size, map it and
- * initialise it.  On failure the name is removed again. */
+/* Give a segment we just created its group, mode and size, reserve its
+ * space, map it and initialise it.  On failure the name is removed again,
+ * so no partial segment is left.
+ *
+ * The space is reserved (posix_fallocate) before any byte is written: on a
+ * full tmpfs a write through the mapping into an unbacked page would kill
+ * the process with SIGBUS, while fallocate fails with ENOSPC. */
 static int create_segment(int fd, const char *path, uint32_t mode, int64_t group,
-                          uint32_t max, struct shl_header **out, size_t *size)
+                          uint32_t max, int fail_closed, struct shl_header **out,
+                          size_t *size)
 {
     int r = SHL_OK;
     *size = layout_size(max);
@@ -199,13 +217,15 @@ static int create_segment(int fd, const char *path, uint32_t mode, int64_t group
     if ((group >= 0 && fchown(fd, (uid_t)-1, (gid_t)group) != 0) ||
         fchmod(fd, mode & 0777) != 0 || ftruncate(fd, (off_t)*size) != 0) {
         r = SHL_ESYS;
+    } else if ((errno = posix_fallocate(fd, 0, (off_t)*size)) != 0) {
+        r = SHL_ESYS;    /* ENOSPC: /dev/shm is full */
     } else {
         void *p = mmap(NULL, *size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
             r = SHL_ESYS;
         } else {
             *out = p;
-            init_segment(*out, max);
+            init_segment(*out, max, fail_closed);
         }
     }
     if (r != SHL_OK) {
@@ -214,6 +234,13 @@ static int create_segment(int fd, const char *path, uint32_t mode, int64_t group
         errno = e;
     }
     return r;
+}
+
+uint64_t shl_segment_size(uint32_t max_processes)
+{
+    if (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT)
+        return 0;
+    return layout_size(max_processes);
 }
 
 /* Check that an existing segment may be trusted, then map and validate it
@@ -273,13 +300,15 @@ static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const st
     return SHL_OK;
 }
 
-int shl_open(const char *name, int create, uint32_t mode, int64_t group,
+int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info)
 {
     char path[SHL_NAME_MAX + 32];
+    int create = (flags & SHL_OPEN_CREATE) != 0;
     *out = NULL;
     memset(info, 0, sizeof *info);
-    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1)
+    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
+        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED)))
         return SHL_EINVAL;
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
@@ -294,7 +323,8 @@ int shl_open(const char *name, int create, uint32_t mode, int64_t group,
     size_t size = 0;
     uint32_t max = max_processes;
     struct stat st;
-    int r = created ? create_segment(fd, path, mode, group, max_processes, &hd, &size)
+    int r = created ? create_segment(fd, path, mode, group, max_processes,
+                                     (flags & SHL_OPEN_FAIL_CLOSED) != 0, &hd, &size)
                     : open_existing(fd, mode, group, info, &hd, &size, &max);
     if (r == SHL_OK && fstat(fd, &st) != 0)
         r = SHL_ESYS;

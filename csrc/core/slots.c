@@ -75,6 +75,31 @@ int slot_mutex_sane(const pthread_mutex_t *m)
 
 /* ------------------------------------------------------- slots and recovery */
 
+/* Mark the protected data suspect, counting the mark (see FLAG_MARK_ONE).
+ * seq_cst: the mark precedes the CAS that lets the next holder or a resume
+ * in (the claim cleared by recovery, the unpin of an expired session), so
+ * whoever that CAS lets in sees it. */
+void mark_suspect(shl_lock *h)
+{
+    uint32_t f = atomic_load_explicit(&h->hdr->flags, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(&h->hdr->flags, &f,
+                                                  (f + FLAG_MARK_ONE) | FLAG_DATA_SUSPECT,
+                                                  memory_order_seq_cst, memory_order_relaxed)) {
+    }
+}
+
+/* The data was rewritten by what began when the mark count was `marks`:
+ * clear the mark, unless a mark was made since (it is not ours to clear).
+ * relaxed: the release CAS or unpin that follows publishes it. */
+void unmark_suspect(shl_lock *h, uint32_t marks)
+{
+    uint32_t f = atomic_load_explicit(&h->hdr->flags, memory_order_relaxed);
+    while ((f & FLAG_DATA_SUSPECT) && FLAG_MARKS(f) == marks &&
+           !atomic_compare_exchange_weak_explicit(&h->hdr->flags, &f, f & ~FLAG_DATA_SUSPECT,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+    }
+}
+
 void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
                      uint32_t reads, uint32_t owed)
 {
@@ -113,8 +138,9 @@ void recover_slot(shl_lock *h, uint32_t i)
         uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
         if (s & ST_GRANTED)
             /* Mark suspect before the hold is released, so that whoever is
-             * granted next already sees the mark. */
-            atomic_fetch_or_explicit(&hd->flags, FLAG_DATA_SUSPECT, memory_order_relaxed);
+             * granted next already sees the mark, and a resume that sees the
+             * update gone sees it too (seq_cst like the CAS it precedes). */
+            mark_suspect(h);   /* [model:RECOVER_MARK] */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                   memory_order_seq_cst)) {
             if (!(s & ST_GRANTED))
@@ -125,6 +151,8 @@ void recover_slot(shl_lock *h, uint32_t i)
             break;
         }
     }
+    /* A session end the dead process had taken on and not finished. */
+    session_recover(h, i);
     if (reads) what |= SHL_LOST_READS;
     if (owed) what |= SHL_LOST_WAITERS;
     if (what)

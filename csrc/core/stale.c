@@ -2,8 +2,9 @@
  * stale.c - resetting a pause left behind by processes that are all gone
  * (`stale="reset"`, pyshmlock/stale.py decides when to ask).  The reset is
  * one CAS that clears PAUSED, made only when no other process is attached
- * alive, the pause is the one the caller judged stale, no update pins it
- * (invariant 4) and no host lease is armed.
+ * alive, the pause is the one the caller judged stale, no update or update
+ * session pins it (invariant 4) and no host lease is armed.  It also clears
+ * the data-suspect mark: the processes that held the data are all gone.
  */
 #include "internal.h"
 
@@ -31,6 +32,10 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
          * skips our own slot, so our own update claim is checked here. */
         if (o == h->self && (s & ST_UPDATE))
             return 0;
+        /* An update session pins the pause until its end or expiry, whoever
+         * is left: it is owned by a token, not by a process. */
+        if (s & ST_PINNED)
+            return 0;
         /* Only the pause the caller judged stale is cleared: a pause recorded
          * under another pid (or none yet: a pause() between its CAS and its
          * pid store) is a fresh one. */
@@ -57,6 +62,11 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
         if (atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                     memory_order_seq_cst)) {
             atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
+            /* Every process that used the lock is gone, and so is whatever
+             * half-written state it kept in memory: the restarted service
+             * starts from its own data, not from a suspect one.  (Data that
+             * outlives the processes needs stale="keep".) */
+            atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
             record_recovery(h, dead_pauser, SHL_LOST_PAUSE, 0, 0);
             /* A process that attached after our scan may already sleep for
              * the resume: it set SLEEPERS, which would have failed our CAS,

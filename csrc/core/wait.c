@@ -234,32 +234,41 @@ int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 
 /* --------------------------------------------------------- blocking calls */
 
-static int run_blocking(shl_lock *h, int kind, int64_t deadline_ns)
+/* The blocking loop of one attempt, for a caller already in flight on h:
+ * try, sleep, try again; on anything but SHL_OK the attempt is withdrawn
+ * (nothing is left behind). */
+int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 {
-    int r = enter(h);
-    if (r != SHL_OK)
-        return r;
+    for (;;) {
+        int r = do_try(h, w);
+        if (r == SHL_OK)
+            return r;
+        if (r == SHL_AGAIN)
+            r = do_wait(h, w, deadline_ns);
+        if (r != SHL_OK) {
+            do_cancel(h, w);
+            return r;
+        }
+    }
+}
+
+static int run_blocking(shl_lock *h, int kind, uint32_t flags, int64_t deadline_ns)
+{
     shl_waiter w;
     memset(&w, 0, sizeof w);
     w.kind = kind;
-    for (;;) {
-        r = do_try(h, &w);
-        if (r == SHL_OK)
-            break;
-        if (r == SHL_AGAIN)
-            r = do_wait(h, &w, deadline_ns);
-        if (r != SHL_OK) {
-            do_cancel(h, &w);
-            break;
-        }
-    }
-    leave(h);
-    return r;
+    w.flags = flags;
+    RUN_IN_FLIGHT(h, run_attempt(h, &w, deadline_ns));
 }
 
-int shl_acquire_read(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_READ, d); }
-int shl_acquire_write(shl_lock *h, int64_t d)  { return run_blocking(h, SHL_KIND_WRITE, d); }
-int shl_acquire_update(shl_lock *h, int64_t d) { return run_blocking(h, SHL_KIND_UPDATE, d); }
-int shl_resume(shl_lock *h, int64_t d)         { return run_blocking(h, SHL_KIND_RESUME, d); }
-int shl_wait_resumed(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_RESUMED, d); }
-int shl_wait_drained(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_DRAINED, d); }
+int shl_acquire_read(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_READ, 0, d); }
+int shl_acquire_write(shl_lock *h, int64_t d)  { return run_blocking(h, SHL_KIND_WRITE, 0, d); }
+int shl_acquire_update(shl_lock *h, int64_t d) { return run_blocking(h, SHL_KIND_UPDATE, 0, d); }
+int shl_wait_resumed(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_RESUMED, 0, d); }
+int shl_wait_drained(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_DRAINED, 0, d); }
+int shl_wait_unpinned(shl_lock *h, int64_t d)  { return run_blocking(h, SHL_KIND_UNPINNED, 0, d); }
+
+int shl_resume(shl_lock *h, int64_t d, uint32_t flags)
+{
+    return run_blocking(h, SHL_KIND_RESUME, flags, d);
+}

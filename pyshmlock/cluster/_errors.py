@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ..errors import FencingError as _HostFencingError
+
 __all__ = [
     "AuthenticationError",
     "CertificateError",
@@ -67,9 +69,12 @@ class QuotaError(EtcdError):
     until it is compacted, defragmented and the alarm is disarmed."""
 
 
-class FencingError(ClusterError):
+class FencingError(ClusterError, _HostFencingError):
     """An update's fencing token is refused: the cluster update lock was lost
-    (its lease expired), or a host's lock has seen a newer update."""
+    (its lease expired).  A subclass of ``pyshmlock.FencingError``, which a
+    host's ``lock.fenced_update(token)`` raises for a token older than the
+    newest that host has seen: ``except pyshmlock.FencingError`` catches
+    both."""
 
 
 class DuplicateHostError(ClusterError):

@@ -35,6 +35,8 @@ import time
 import zlib
 from typing import Any, Dict, Optional, Sequence
 
+from .._hostconf import read_setting, write_setting
+from ..errors import DataSuspectError
 from ..lock import RWLock
 from ._errors import (
     AuthenticationError,
@@ -43,7 +45,6 @@ from ._errors import (
     DuplicateHostError,
 )
 from ._etcd import TLS, Etcd, LeaseNotFound, decode_kv
-from ._hostconf import read_setting, write_setting
 from ._keys import Keys, State, dumps, loads, valid_host_id
 from ._lease import KEEPER_POLL_S, lease_arm, lease_info
 from ._mirror import Mirror
@@ -106,10 +107,12 @@ class Agent:
         # 1. fail closed from the start: paused, lease already expired.
         # stale="keep": the agent decides when this host's gate opens; a
         # pause left by a dead process is never cleared behind its back.
+        # The host setting first: from then on a server that creates the
+        # segment creates it paused under an expired lease (fail closed).
+        self.setting = write_setting(lock, cluster, endpoints, self.host_id, self.pid)
         self.lock = RWLock(lock, stale="keep")
         self.lock.pause()
         lease_arm(self.lock, 0)
-        self.setting = write_setting(lock, cluster, endpoints, self.host_id, self.pid)
         self._lease = 0
         self._create_rev = 0
         self._published: Optional[Dict[str, Any]] = None
@@ -244,7 +247,7 @@ class Agent:
                 "node": self.node, "lock": self.lock_name, "cluster": self.cluster,
                 "mirrored": -1, "paused": True, "drained": False,
                 "users": self._users(), "behind": False, "suspect": self._suspect,
-                "applied_update": int(getattr(self.lock, "applied_update", 0) or 0),
+                "applied_update": self.lock.applied_update,
                 "lease_expiries": lease_info(self.lock)["expiries"]}
 
     async def _publish(self, reg: Dict[str, Any]) -> None:
@@ -272,19 +275,13 @@ class Agent:
         if rem <= 2 * KEEPER_POLL_S:
             return False
         try:
-            manager = getattr(self.lock, "_resume_as_manager", None)
-            if manager is not None:
-                opened = bool(manager(0))
-            else:
-                opened = bool(self.lock.resume(timeout=0))
-        except Exception as ex:       # DataSuspectError: do not force it
-            if type(ex).__name__ == "DataSuspectError":
-                if not self._suspect:
-                    self.log("the lock's data is suspect (an update died on this host): "
-                             "staying paused until an update completes here")
-                self._suspect = True
-                return False
-            raise
+            opened = self.lock._resume_as_manager(0)
+        except DataSuspectError:          # never forced: an update died on this host
+            if not self._suspect:
+                self.log("the lock's data is suspect (an update died on this host): "
+                         "staying paused until an update completes here")
+            self._suspect = True
+            return False
         self._suspect = False
         if not opened:
             return False        # a local update hold (a fenced update) pins the pause
@@ -296,13 +293,10 @@ class Agent:
         return True
 
     def _raise_fence(self, st: State) -> None:
-        raise_fence = getattr(self.lock, "raise_fence", None)
-        if raise_fence is None:
-            return
         # While an update holds the lock its token is current; otherwise
         # every token up to this revision is stale (a later update's token
         # is a later revision).
-        raise_fence(st.update_token if st.update is not None else st.revision + 1)
+        self.lock.raise_fence(st.update_token if st.update is not None else st.revision + 1)
 
     async def _apply(self) -> None:
         st = self.mirror.state
@@ -322,7 +316,7 @@ class Agent:
                 st = self.mirror.state
                 self._raise_fence(st)
         evicted = self._create_rev == -1
-        applied = int(getattr(self.lock, "applied_update", 0) or 0)
+        applied = self.lock.applied_update
         tok = st.generation_token
         if tok == 0 or max(applied, self._known_current) >= tok:
             current = True

@@ -83,7 +83,7 @@ class SimHost:
 
     def env(self) -> Dict[str, str]:
         """The demo's hosts keep their host setting in the demo's temp dir."""
-        from ._hostconf import ENV
+        from .._hostconf import ENV
         return dict(os.environ, **{ENV: os.path.join(self.tmp, "cluster.d")})
 
     def reads(self) -> List[Tuple[float, float, float]]:

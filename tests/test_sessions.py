@@ -1,0 +1,254 @@
+"""Update sessions (an update pin owned by a token, not by a process) and
+the data-suspect rule: a lost update or an expired session keeps the gate
+shut until a completed update, or a forced resume, says the data is good.
+
+Every test uses real processes on a real segment; every wait is bounded."""
+import asyncio
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from holders import hold_until_told
+
+import pyshmlock
+
+pytestmark = pytest.mark.timeout(60)
+
+FORK = mp.get_context("fork")
+
+
+def begin_and_report(q, name, ttl):
+    lk = pyshmlock.RWLock(name)
+    q.put(("begun", lk.begin_session(ttl=ttl, timeout=10)))
+    time.sleep(600)          # stays alive (or is killed) holding nothing
+
+
+def end_session_of(q, name, token):
+    lk = pyshmlock.RWLock(name)
+    lk.end_session(token)
+    q.put("ended")
+    lk.close()
+
+
+def resume_and_report(q, name, timeout):
+    lk = pyshmlock.RWLock(name)
+    q.put("resuming")
+    try:
+        q.put(("resumed", lk.resume(timeout)))
+    except pyshmlock.DataSuspectError:
+        q.put(("refused", None))
+    lk.close()
+
+
+def update_once(q, name):
+    lk = pyshmlock.RWLock(name)
+    t0 = time.monotonic()
+    assert lk.acquire_update(5)
+    q.put(("updated", time.monotonic() - t0))
+    lk.release_update()
+    lk.close()
+
+
+def test_a_session_begun_in_one_process_is_ended_in_another(lock, lock_name, children):
+    a = children(begin_and_report, lock_name, 30.0)
+    what, token = a.get()
+    assert what == "begun" and lock.paused
+    assert lock.session is not None and lock.session.token == token
+    assert lock.session.pid == a.pid
+    r = children(resume_and_report, lock_name, 20.0)
+    r.expect("resuming")
+    time.sleep(0.3)
+    assert lock.paused, "resume opened the gate inside a session"
+    children(end_session_of, lock_name, token).expect("ended")
+    assert r.get() == ("resumed", True)
+    assert not lock.paused and lock.session is None
+
+
+def test_update_calls_inside_a_session_do_not_wait_for_frozen_readers(lock, lock_name,
+                                                                     children):
+    cmd = FORK.Queue()
+    reader = children(hold_until_told, lock_name, cmd)
+    reader.expect("reading")
+    lock.pause()                          # the reader is frozen, as a paused server's
+    token = lock.begin_session(ttl=30, timeout=5)
+    for _ in range(3):                    # three update calls, each in another process
+        what, waited = children(update_once, lock_name).get()
+        assert what == "updated" and waited < 1.0
+    assert lock.info().readers, "the frozen reader still holds its read"
+    lock.end_session(token)
+    cmd.put("go")
+    reader.expect("released")
+    assert lock.resume(1)
+
+
+def test_begin_on_a_running_lock_drains_every_reader_first(lock, lock_name, children):
+    cmd = FORK.Queue()
+    reader = children(hold_until_told, lock_name, cmd)
+    reader.expect("reading")
+    began = {}
+    t = threading.Thread(target=lambda: began.setdefault("token", lock.begin_session(30, 10)))
+    t.start()
+    time.sleep(0.3)
+    assert "token" not in began, "a session began beside a running request"
+    cmd.put("go")
+    reader.expect("released")
+    t.join(10)
+    assert began.get("token") and lock.paused
+    lock.end_session(began["token"])
+    assert lock.resume(1)
+
+
+def test_a_second_session_waits_for_the_first_or_times_out(lock):
+    token = lock.begin_session(ttl=30)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        lock.begin_session(ttl=30, timeout=0.3)
+    assert time.monotonic() - t0 >= 0.29
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("t", lock.begin_session(30, 10)))
+    t.start()
+    time.sleep(0.2)
+    assert "t" not in got
+    lock.end_session(token)
+    t.join(10)
+    assert got["t"] and got["t"] != token
+    lock.end_session(got["t"])
+    assert lock.resume(1)
+
+
+def test_the_beginning_process_dying_does_not_end_the_session(lock, lock_name, children):
+    a = children(begin_and_report, lock_name, 30.0)
+    _, token = a.get()
+    os.kill(a.pid, signal.SIGKILL)
+    a.kill()
+    lock.info()                                   # looking reclaims the dead slot
+    assert lock.session is not None and lock.session.token == token
+    assert lock.resume(0.3) is False, "the session ended with its process"
+    lock.end_session(token)
+    assert lock.resume(1)
+
+
+def test_an_expired_session_keeps_the_gate_shut_and_marks_the_data_suspect(lock):
+    lock.begin_session(ttl=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(pyshmlock.DataSuspectError, match="suspect"):
+        lock.resume(10)                 # woken by the expiry, then refused
+    assert time.monotonic() - t0 < 2.0
+    info = lock.info()
+    assert info.paused and info.data_suspect and info.session is None
+    assert info.session_expiries == 1
+    assert info.recoveries[-1].lost == ("update session",)
+    assert lock.acquire_update(1)       # a completed update rewrites the data
+    lock.release_update()
+    assert not lock.info().data_suspect
+    assert lock.resume(1)
+
+
+def test_ending_an_expired_or_unknown_session_is_an_error(lock):
+    token = lock.begin_session(ttl=0.2)
+    time.sleep(0.6)
+    with pytest.raises(pyshmlock.SessionError, match="expired"):
+        lock.end_session(token)
+    with pytest.raises(pyshmlock.SessionError):
+        lock.end_session(12345)
+    assert lock.resume(1, force=True)
+
+
+def test_an_update_call_that_outlives_its_sessions_expiry_clears_nothing(lock):
+    """The session, not the call, is the unit of an update: a call granted
+    inside a session that expires while the call runs leaves the data
+    suspect (the model check found the race in the first design)."""
+    lock.begin_session(ttl=0.3)
+    assert lock.acquire_update(1)            # an update call of the session
+    deadline = time.monotonic() + 5
+    while lock.info().session is not None and time.monotonic() < deadline:
+        time.sleep(0.05)                     # the lease watchdog expires it
+    lock.release_update()
+    assert lock.info().data_suspect
+    with pytest.raises(pyshmlock.DataSuspectError):
+        lock.resume(1)
+
+
+def test_a_completed_session_clears_an_older_mark(lock, lock_name, children):
+    c = children(hold_and_die_holding_update, lock_name)
+    c.expect("updating")
+    c.kill()
+    assert lock.info().data_suspect
+    token = lock.begin_session(ttl=30)
+    lock.end_session(token)
+    assert not lock.info().data_suspect
+    assert lock.resume(1)
+
+
+def hold_and_die_holding_update(q, name):
+    lk = pyshmlock.RWLock(name)
+    lk.pause()
+    assert lk.acquire_update(5)
+    q.put("updating")
+    time.sleep(600)
+
+
+def test_a_lost_update_fails_closed_until_forced(lock, lock_name, children):
+    c = children(hold_and_die_holding_update, lock_name)
+    c.expect("updating")
+    r = children(resume_and_report, lock_name, 20.0)
+    r.expect("resuming")
+    time.sleep(0.2)
+    os.kill(c.pid, signal.SIGKILL)
+    assert r.get() == ("refused", None)
+    assert lock.paused and lock.info().data_suspect
+    cli = [sys.executable, "-m", "pyshmlock", "resume", lock_name, "--timeout", "2"]
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "suspect" in p.stderr and "--force" in p.stderr
+    p = subprocess.run(cli + ["--force"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert not lock.paused and not lock.info().data_suspect
+
+
+def test_sessions_from_asyncio(lock_name):
+    async def main():
+        a = pyshmlock.AsyncRWLock(lock_name)
+        token = await a.begin_session(ttl=30, timeout=5)
+        assert a.session.token == token
+        r = asyncio.ensure_future(a.resume(timeout=5))
+        await asyncio.sleep(0.2)
+        assert not r.done()
+        async with a.update_lock:          # an update call of the session
+            pass
+        a.end_session(token)
+        assert await r is True
+        # a cancelled begin leaves no update hold and no pin behind
+        t2 = await a.begin_session(ttl=30)
+        waiter = asyncio.ensure_future(a.begin_session(ttl=30))
+        await asyncio.sleep(0.2)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        a.end_session(t2)
+        info = a.info()
+        assert info.session is None and info.updater_pid is None
+        assert await a.resume(1)
+        a.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("ttl,exc", [(0, ValueError), (-1, ValueError),
+                                     (float("nan"), ValueError), ("5", TypeError),
+                                     (True, TypeError), (None, TypeError)])
+def test_a_bad_ttl_is_refused(lock, ttl, exc):
+    with pytest.raises(exc):
+        lock.begin_session(ttl=ttl)
+    assert not lock.paused
+
+
+def test_tokens_are_ints(lock):
+    with pytest.raises(TypeError):
+        lock.end_session("1")
+    with pytest.raises(ValueError):
+        lock.end_session(-1)
