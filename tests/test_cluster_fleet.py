@@ -420,3 +420,35 @@ def test_agent_never_sleeps_through_a_gate_change(fleet):
     for _ in range(25):
         c.pause(timeout=5)
         c.resume(timeout=5)
+
+
+def test_space_quota_fails_calls_at_once_and_hosts_keep_serving(tmp_path):
+    """Item 12: at etcd's space quota (NOSPACE alarm) a pause fails at once
+    with QuotaError, saying so, while the hosts keep their gate (their
+    keep-alives still succeed: no host closes)."""
+    from pyshmlock.cluster import Cluster, QuotaError
+    e = LocalEtcd(members=3, extra=["--quota-backend-bytes=4194304"])
+    hs, c = [], None
+    try:
+        name = f"fq-{uuid.uuid4().hex[:8]}"
+        hs = [Host(e.endpoints, name, "h0", str(tmp_path), workers=1, ttl=TTL)]
+        c = Cluster(e.endpoints, name)
+        c.wait_hosts(1, timeout=15)
+        hs[0].wait_admitting()
+        ex = c.a.etcd
+        blob = "x" * (512 * 1024)
+        with pytest.raises(QuotaError):
+            for i in range(64):                   # fill the backend past its quota
+                c._run(ex.txn([], [ex.op_put(f"/fill/{i}", blob)]), 30)
+        t0 = now()
+        with pytest.raises(QuotaError, match="quota"):
+            c.pause(timeout=10)
+        assert now() - t0 < 2, "a refused pause waited"
+        t1 = now()
+        time.sleep(2 * TTL)                       # longer than the host's local lease
+        assert hs[0].admitted_after(t1 + 2 * TTL - 0.5), "the host stopped serving"
+    finally:
+        stop_hosts(hs)
+        if c is not None:
+            c.close()
+        e.stop()

@@ -209,7 +209,8 @@ def test_duplicate_id_with_one_cut_off(fleet, lab, tmp_path):
     assert r.acknowledged + r.lost == ["h0"], r
     wait_for(lambda: c.status().hosts.get("h0", {}).get("pid") == b.agent.pid, 15,
              "the live agent took the id")
-    assert c.status().hosts["h0"]["mirrored"] >= r.revision
+    wait_for(lambda: c.status().hosts["h0"]["mirrored"] >= r.revision, 10,
+             "the live agent mirrored the pause")
     assert a.last_admission() - t_cut < 0.75 * ttl + SLACK
     time.sleep(0.3)
     assert a.admitted_after(t_ret) == [] and b.admitted_after(t_ret) == []
