@@ -139,6 +139,14 @@ def _registered(keys: Keys, kvs: List[Dict[str, Any]]) -> Dict[str, int]:
             if kv["key"].startswith(keys.hosts)}
 
 
+def _effect(e: ClusterError, wrote: Optional[bool]) -> None:
+    """The call's own took_effect: False before its write was sent (a
+    session grant in flight is not the call's effect), True once it is
+    written, and while it was in flight what the request layer knows."""
+    if wrote is not None:
+        e.took_effect = wrote
+
+
 def _ack_ok(reg: Dict[str, Any], rev: int, drain: bool) -> bool:
     return int(reg.get("mirrored", -1)) >= rev and bool(reg.get("paused")) and \
         (not drain or bool(reg.get("drained")))
@@ -361,8 +369,7 @@ class AsyncCluster:
                     self._check_expected(r, registered, expect)
                     return r
         except ClusterError as e:
-            if e.took_effect is not True and wrote is True:
-                e.took_effect = True
+            _effect(e, wrote)
             raise
 
     # ----------------------------------------------------------- resume
@@ -372,12 +379,20 @@ class AsyncCluster:
         transaction compares its create revision with 0.  (Hosts behind the
         update generation stay paused: see ``ClusterStatus.hosts[...]['behind']``.)"""
         deadline = _deadline(timeout)
-        await self._ensure(deadline, session=True)
+        try:
+            await self._ensure(deadline, session=True)
+        except ClusterError as ex:
+            _effect(ex, False)
+            raise
         e, k = self.etcd, self.keys
         while True:
-            ok, rev, r = await e.txn([e.cmp_create(k.update, 0)],
-                                     [e.op_put(k.gate, self._gate_value(False, "resume"))],
-                                     [e.op_range(k.update)], deadline=deadline)
+            try:
+                ok, rev, r = await e.txn([e.cmp_create(k.update, 0)],
+                                         [e.op_put(k.gate, self._gate_value(False, "resume"))],
+                                         [e.op_range(k.update)], deadline=deadline)
+            except ClusterError as ex:
+                _effect(ex, None)
+                raise
             if ok:
                 return rev
             upd = _range_kvs(_responses(r)[0])

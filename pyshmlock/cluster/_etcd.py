@@ -295,6 +295,8 @@ class Etcd:
             while True:
                 now = _now()
                 if now >= end:
+                    if pending and not hedge:   # a write still in flight may apply
+                        errors.append(_Retry(f"no answer before the deadline ({path})", True))
                     raise self._fail(path, errors, t0, end)
                 if not pending and since_sleep >= n:     # a round of failures
                     if len(errors) >= n and all(x.tls for x in errors[-n:]):
