@@ -39,7 +39,7 @@ from ._errors import (
     EtcdUnavailable,
     QuotaError,
 )
-from ._http import Broken, ConnectFailed, Pool
+from ._http import Broken, ConnectFailed, Pool, wait_for
 
 __all__ = ["TLS", "Etcd", "LeaseNotFound", "b64", "prefix_end", "unb64"]
 
@@ -205,7 +205,7 @@ class Etcd:
 
     async def _one(self, i: int, path: str, body: Dict[str, Any], timeout: float) -> Any:
         try:
-            status, data = await asyncio.wait_for(
+            status, data = await wait_for(
                 self._pool(i).post(path, json.dumps(body).encode(), self._headers()), timeout)
         except asyncio.TimeoutError:
             raise _Retry(f"{self.urls[i]}: no answer in {timeout:.2f} s",
@@ -237,7 +237,7 @@ class Etcd:
         ctx = self.tls.ssl_context()
         ctx.maximum_version = ssl.TLSVersion.TLSv1_2
         try:
-            _r, w = await asyncio.wait_for(asyncio.open_connection(
+            _r, w = await wait_for(asyncio.open_connection(
                 u.hostname, u.port, ssl=ctx), min(1.0, self.request_timeout))
         except ssl.SSLError as e:
             return e
@@ -447,7 +447,7 @@ class Etcd:
         i = self._pref if member is None else member
         body = {"create_request": {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
                                    "start_revision": str(start_revision)}}
-        status, lines, conn = await asyncio.wait_for(
+        status, lines, conn = await wait_for(
             self._pool(i).stream("/watch", json.dumps(body).encode(), self._headers()),
             self.request_timeout)
         try:

@@ -17,12 +17,40 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import AsyncIterator, Dict, List, Optional, Tuple
+from typing import Any, AsyncIterator, Awaitable, Dict, List, Optional, Tuple, TypeVar
 
-__all__ = ["Broken", "ConnectFailed", "Pool"]
+_T = TypeVar("_T")
+
+__all__ = ["Broken", "ConnectFailed", "Pool", "wait_for"]
 
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
+
+
+async def wait_for(aw: Awaitable[_T], timeout: float) -> _T:
+    """asyncio.wait_for that never swallows a cancellation.  Before Python
+    3.12, wait_for returns the inner result when the inner awaitable ends
+    just as the outer task is cancelled: the cancellation is lost, and a
+    cancelled update acquire went on into its block (caught by
+    test_cancelled_async_update_leaves_nothing_held).  asyncio.wait raises
+    the cancellation in every case; the inner task is then cancelled."""
+    t = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({t}, timeout=timeout)
+    except BaseException:
+        t.cancel()
+        t.add_done_callback(_retrieve)
+        raise
+    if not done:
+        t.cancel()
+        t.add_done_callback(_retrieve)
+        raise asyncio.TimeoutError()
+    return t.result()
+
+
+def _retrieve(t: asyncio.Future[Any]) -> None:
+    if not t.cancelled():
+        t.exception()
 
 
 class ConnectFailed(OSError):

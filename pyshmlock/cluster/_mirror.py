@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 
 from ._errors import AuthenticationError, CertificateError, ClusterError
 from ._etcd import Compacted, Etcd
+from ._http import wait_for
 from ._keys import Keys, State
 
 __all__ = ["Mirror"]
@@ -83,7 +84,7 @@ class Mirror:
             return False
         ev = self._ev
         try:
-            await asyncio.wait_for(ev.wait(), timeout)
+            await wait_for(ev.wait(), timeout)
             return True
         except asyncio.TimeoutError:
             return False
