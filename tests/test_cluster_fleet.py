@@ -161,7 +161,7 @@ def test_racing_pause_returns_only_when_paused(fleet, etcd):
     t = threading.Thread(target=resumer)
     t.start()
     try:
-        for _ in range(40):
+        for _ in range(30):
             r = c.pause(timeout=20)
             assert r.acknowledged == ["h0", "h1"], r
             assert not getattr(r, "superseded", False), r
@@ -238,7 +238,7 @@ def test_timeouts_hold_with_the_controllers_member_stopped(fleet, etcd):
 # ----------------------------------------------------------------- item 10
 def test_update_survives_a_gil_holding_trainer(fleet):
     """Item 10: the default update lease outlives a trainer that holds the
-    GIL for 3 s in one call (as a large pickle.dumps does; here a C loop,
+    GIL for about 3 s in one call (as a large pickle.dumps does; here a C loop,
     sum(range(n)), which never releases it), so the keep-alive thread cannot
     run meanwhile."""
     c, _hs = fleet(1, workers=0)
@@ -247,7 +247,7 @@ def test_update_survives_a_gil_holding_trainer(fleet):
     per = (now() - t0) / (2 * 10**7)
     with c.update(timeout=15) as u:
         t0 = now()
-        sum(range(int(4.0 / per)))                  # GIL held throughout
+        sum(range(int(3.2 / per)))                  # GIL held throughout
         held = now() - t0
         u.check()
     assert held > 2.4, held
@@ -261,11 +261,11 @@ def test_idle_agents_write_nothing(fleet, etcd):
     c, hs = fleet(3, workers=1)
     for h in hs:
         h.wait_admitting()
-    time.sleep(1.0)
+    time.sleep(1.2)                       # past the agents' first count of users
     r0 = _revision(etcd)
-    time.sleep(3.0)
+    time.sleep(2.5)
     r1 = _revision(etcd)
-    assert r1 - r0 <= 1, f"{r1 - r0} revisions in 3 s with 3 idle hosts"
+    assert r1 - r0 <= 1, f"{r1 - r0} revisions in 2.5 s with 3 idle hosts"
 
 
 # ------------------------------------------------------------------ item 8
@@ -321,21 +321,29 @@ def test_no_host_closes_on_routine_etcd_events(tmp_path):
             h.wait_admitting(15)
         samplers = [Sampler(h.lock_name) for h in hs]
         expiries = [lease_info(s.lk)["expiries"] for s in samplers]
+        def renewed():
+            # The hosts' leases were renewed after the fault began: without a
+            # renewal 2.5 s (or more) into it, at most 7.5 - 2.5 s would remain.
+            left = [lease_info(s.lk)["remaining"] for s in samplers]
+            assert all(r is not None and r > 5.5 for r in left), left
+
         leader = e.leader()
         e.kill(leader)                                  # 1. the leader dies
         time.sleep(4.0)
+        renewed()
         e.restart(leader)
         leader = e.leader()
-        os.kill(e.procs[leader].pid, signal.SIGSTOP)    # 2. the leader stops for 2 s
+        e.pause(leader)                                 # 2. the leader stops for 2 s
         time.sleep(2.0)
-        os.kill(e.procs[leader].pid, signal.SIGCONT)
-        time.sleep(3.0)
+        e.cont(leader)
+        time.sleep(1.0)
+        renewed()
         e.wait_healthy(20)
         follower = next(i for i in range(3) if i != e.leader())
-        os.kill(e.procs[follower].pid, signal.SIGSTOP)  # 3. a follower stops for 4 s
-        time.sleep(4.0)
-        os.kill(e.procs[follower].pid, signal.SIGCONT)
-        time.sleep(1.0)
+        e.pause(follower)                               # 3. a follower stops for 2.5 s
+        time.sleep(2.5)
+        renewed()
+        e.cont(follower)
         closed = {h.id: round(s.closed * 1000, 1) for h, s in zip(hs, samplers)}
         assert all(v == 0 for v in closed.values()), f"hosts closed (ms): {closed}"
         assert [lease_info(s.lk)["expiries"] for s in samplers] == expiries

@@ -37,7 +37,8 @@ __all__ = ["EtcdUnavailable", "LocalEtcd", "etcd_binary"]
 
 
 _T = TypeVar("_T")
-_CLONE_NEWNET = 0x40000000
+# Linux's CLONE_NEWNET (sched.h); os has it from Python 3.12 on.
+_CLONE_NEWNET = getattr(os, "CLONE_NEWNET", 0x40000000)
 
 
 def in_netns(ns: Optional[str], fn: Callable[[], _T]) -> _T:
