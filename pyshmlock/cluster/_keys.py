@@ -77,27 +77,29 @@ class State:
         self.evicted: Dict[str, Dict[str, Any]] = {}
         self.sessions: Dict[int, Dict[str, Any]] = {}
         for k, kv in kvs.items():
+            v = kv.get("parsed")
+            if v is None:
+                v = loads(kv["value"])
             if k == keys.gate:
-                self.gate = loads(kv["value"])
+                self.gate = v
                 self.gate_rev = kv["mod_revision"]
             elif k == keys.update:
-                self.update = loads(kv["value"])
+                self.update = v
                 self.update_token = kv["create_revision"]
                 self.update_lease = kv["lease"]
             elif k == keys.generation:
-                self.generation = loads(kv["value"])
+                self.generation = v
             elif k.startswith(keys.hosts):
                 hid = k[len(keys.hosts):]
-                reg = loads(kv["value"])
-                reg["_rev"] = kv["mod_revision"]
+                reg = dict(v, _rev=kv["mod_revision"])
                 self.hosts[hid] = reg
                 self.host_create[hid] = kv["create_revision"]
                 self.host_lease[hid] = kv["lease"]
             elif k.startswith(keys.evicted):
-                self.evicted[k[len(keys.evicted):]] = loads(kv["value"])
+                self.evicted[k[len(keys.evicted):]] = v
             elif k.startswith(keys.sessions):
                 try:
-                    self.sessions[int(k[len(keys.sessions):], 16)] = loads(kv["value"])
+                    self.sessions[int(k[len(keys.sessions):], 16)] = v
                 except ValueError:
                     pass
 

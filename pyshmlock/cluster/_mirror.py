@@ -16,9 +16,17 @@ from typing import Any, Dict, Optional
 from ._errors import AuthenticationError, CertificateError, ClusterError
 from ._etcd import Compacted, Etcd
 from ._http import wait_for
-from ._keys import Keys, State
+from ._keys import Keys, State, loads
 
 __all__ = ["Mirror"]
+
+
+def _parse(kv: Dict[str, Any]) -> Dict[str, Any]:
+    """Decode a value once, when it arrives: a State is built at every
+    change, and parsing every registration each time was O(hosts^2) per
+    pause in the controller."""
+    kv["parsed"] = loads(kv["value"])
+    return kv
 
 
 class Mirror:
@@ -54,6 +62,8 @@ class Mirror:
         kvs, rev = await self.etcd.range(self.prefix, prefix=True, deadline=deadline)
         if rev < self.revision:
             return
+        for kv in kvs:
+            _parse(kv)
         self.kvs = {kv["key"]: kv for kv in kvs}
         self.revision = rev
         self.loaded = True
@@ -98,7 +108,7 @@ class Mirror:
             if ev["type"] == "DELETE":
                 self.kvs.pop(ev["key"], None)
             else:
-                self.kvs[ev["key"]] = ev
+                self.kvs[ev["key"]] = _parse(ev)
         self.revision = rev
         self._bump()
 
