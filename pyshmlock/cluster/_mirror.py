@@ -40,7 +40,10 @@ class Mirror:
         self.loaded = False
         self.version = 0                 # counts changes of the copy
         self.fatal: Optional[BaseException] = None
-        self._ev = asyncio.Event()
+        # Made in the loop, not here: on Python 3.9 an Event made outside a
+        # running loop belongs to another one (an AsyncCluster made before
+        # asyncio.run would not work).
+        self._ev: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task[None]] = None
         self._state: Optional[State] = None
 
@@ -54,7 +57,8 @@ class Mirror:
         self._state = None
         self.version += 1
         ev, self._ev = self._ev, asyncio.Event()
-        ev.set()
+        if ev is not None:
+            ev.set()
 
     async def load(self, deadline: Optional[float] = None) -> None:
         """Read the copy again (linearizable).  It never goes back: a read
@@ -86,13 +90,15 @@ class Mirror:
 
     def event(self) -> asyncio.Event:
         """An event set at the next change of the copy."""
+        if self._ev is None:
+            self._ev = asyncio.Event()
         return self._ev
 
     async def wait(self, timeout: float) -> bool:
         """Wait for the next change, at most ``timeout``; True if one came."""
         if timeout <= 0:
             return False
-        ev = self._ev
+        ev = self.event()
         try:
             await wait_for(ev.wait(), timeout)
             return True
