@@ -72,9 +72,13 @@
 #define SHL_STATE_PINNED     0x00020000u   /* an update session pins the pause */
 
 #define SHL_MAX_PROCESSES_LIMIT 4095
+#define SHL_LAYOUT_VERSION 3       /* the segment layout this core makes (CHANGELOG.md) */
 #define SHL_NAME_MAX 200
 
-typedef struct shl_lock shl_lock;   /* one process's attachment; opaque */
+/* One process's attachment.  A shl_lock * is a token, never dereferenced:
+ * it names one handle of this process until that handle is closed, and no
+ * other afterwards (SHL_ECLOSED), even once the handle is reused. */
+typedef struct shl_lock shl_lock;
 
 /*
  * Per-attempt bookkeeping for one thread or task that waits.  The caller owns
@@ -155,14 +159,21 @@ typedef struct shl_recovery_record {
 #define SHL_LOST_SESSION 64u     /* an update session that expired before its end */
 #define SHL_RECOVERY_LOG 16
 
-/* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE so
- * that the caller can say why the segment was refused. */
+/* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE /
+ * SHL_EVERSION / SHL_EFULL so that the caller can say why the segment was
+ * refused. */
 typedef struct shl_open_info {
     int32_t created;             /* 1 this call created the segment */
     uint32_t uid, gid, mode;     /* the segment's owner, group, permission bits */
     uint64_t dev, ino;           /* identify the segment */
     uint64_t size;               /* its size in bytes */
     uint64_t expected_size;      /* SHL_ESIZE: the size its header describes */
+    uint32_t max_processes;      /* the segment's (fixed by its creator) */
+    uint32_t layout;             /* SHL_EVERSION: the segment's layout version */
+    uint32_t live;               /* SHL_EVERSION: processes attached to it */
+    uint32_t live_pid;           /* ... and one of them */
+    int32_t replaced;            /* 1: an unused segment of another layout was
+                                    replaced by this open (an upgrade) */
 } shl_open_info;
 
 /* shl_open's flags. */
@@ -170,8 +181,16 @@ typedef struct shl_open_info {
 #define SHL_OPEN_FAIL_CLOSED 2u  /* a segment this call creates starts paused with its
                                     host lease already passed (a cluster host: nothing
                                     is admitted before its agent mirrors the cluster) */
+#define SHL_OPEN_NO_SLOT     4u  /* an operator's handle: takes no process slot, so
+                                    it opens a lock whose slots are all taken; it
+                                    may pause, resume (and wait), look, never hold
+                                    (SHL_EINVAL) */
 
 /* Open (and with SHL_OPEN_CREATE create) the lock "/pyshmlock.<name>".
+ * A segment of another layout version that no live process uses (every
+ * process of an older release stopped: an upgrade) is removed and created
+ * anew when SHL_OPEN_CREATE is given (info->replaced); while a process uses
+ * it, SHL_EVERSION names one of them (info->live_pid).
  * A new segment gets permission bits `mode` (exactly; umask does not apply)
  * and, if group >= 0, that group; its space is reserved before it is
  * written (a full /dev/shm is SHL_ESYS with ENOSPC, and the name is gone
@@ -194,7 +213,9 @@ int shl_close(shl_lock *h);
 /* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
  * are attached and force == 0.  Without force it looks inside the segment
  * only if this effective uid owns it (SHL_EPERM otherwise), and it removes
- * exactly the segment it looked at (see shl_unlink in core/segment.c). */
+ * exactly the segment it looked at (see shl_unlink in core/segment.c).  A
+ * segment of another layout version is judged by the prefix every layout
+ * shares (core/layouts.c); UINT32_MAX attached: it cannot be read. */
 int shl_unlink(const char *name, int force, uint32_t *attached);
 
 /* Blocking calls; deadline_ns is CLOCK_MONOTONIC, -1 waits forever, any
@@ -280,6 +301,9 @@ int shl_watcher_add_loop(shl_watcher *wt);
 void shl_watcher_drop_loop(shl_watcher *wt, int fd);
 void shl_watcher_free(shl_watcher *wt);
 
+/* This process's handles: open now, and allocated (open + reusable). */
+void shl_handle_stats(uint32_t *open, uint32_t *allocated);
+
 /* Observability. */
 int shl_info(shl_lock *h, shl_snapshot *out);
 int shl_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out);
@@ -297,7 +321,7 @@ uint32_t shl_load_state(shl_lock *h);
  * docs/DESIGN.md, "Stale segments", argues the race with other openers. */
 int shl_reset_stale(shl_lock *h, uint32_t dead_pauser);
 
-/* Observation without attaching: a read-only mapping (O_RDONLY, PROT_READ)
+/* Observation without attaching: copies read with pread (O_RDONLY, never mapped)
  * that needs only read permission, takes no slot, and never writes.  Slot
  * liveness is read from the robust mutex's futex word (owner TID, and the
  * kernel's FUTEX_OWNER_DIED bit); dead processes are reported, never

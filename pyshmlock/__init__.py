@@ -18,6 +18,7 @@ if _platform.machine() not in ("x86_64", "aarch64", "arm64"):
         f"pyshmlock supports Linux on x86-64 and arm64; this machine is "
         f"{_platform.machine()!r}")
 
+from . import _built  # noqa: F401  (first: a checkout never built says so)
 from .aio import AsyncHold, AsyncRWLock
 from .errors import (
     CorruptSegmentError,
@@ -25,6 +26,7 @@ from .errors import (
     FencingError,
     ForeignSegmentError,
     LayoutVersionError,
+    LockClosingError,
     LockInUseError,
     ManagedLockError,
     NotHeldError,
@@ -47,6 +49,7 @@ from .lock import (
     SessionInfo,
     SyncHold,
     inspect,
+    segment_size,
     unlink,
 )
 
@@ -68,6 +71,7 @@ __all__ = [
     "FencingError",
     "ForeignSegmentError",
     "LayoutVersionError",
+    "LockClosingError",
     "LockInUseError",
     "LockInfo",
     "ManagedLockError",
@@ -85,5 +89,6 @@ __all__ = [
     "UninitializedSegmentError",
     "WouldDeadlockError",
     "inspect",
+    "segment_size",
     "unlink",
 ]

@@ -7,8 +7,11 @@ _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}\Z")
 
 
 def check_name(name: Any) -> str:
-    """Return ``name`` if it is a valid lock name, else raise ValueError."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    """Return ``name`` if it is a valid lock name, else raise ValueError
+    (TypeError if it is not a str)."""
+    if not isinstance(name, str):
+        raise TypeError(f"a lock name is a str, not {type(name).__name__}")
+    if not _NAME_RE.match(name):
         raise ValueError(
             f"invalid lock name {name!r}: use 1-200 characters from [A-Za-z0-9._-]")
     return name
@@ -18,6 +21,9 @@ def check_group(group: Union[int, str, None]) -> int:
     """The gid for the ``group`` argument (-1 for None), else ValueError."""
     if group is None:
         return -1
+    if isinstance(group, bool) or not isinstance(group, (int, str)):
+        raise TypeError(f"group must be None, a group name or a gid, not "
+                        f"{type(group).__name__}")
     if isinstance(group, str):
         try:
             return grp.getgrnam(group).gr_gid
@@ -26,6 +32,31 @@ def check_group(group: Union[int, str, None]) -> int:
     if isinstance(group, int) and not isinstance(group, bool) and 0 <= group < 2**32 - 1:
         return group
     raise ValueError(f"group must be None, a group name or a gid, not {group!r}")
+
+
+def check_mode(mode: Any) -> int:
+    """Return ``mode`` if it is a permission number 0..0o777."""
+    if isinstance(mode, bool) or not isinstance(mode, int):
+        raise TypeError(f"mode must be an int such as 0o600, not {type(mode).__name__}")
+    if not 0 <= mode <= 0o777:
+        raise ValueError(f"mode must be a permission number 0..0o777, not {oct(mode)}")
+    return mode
+
+
+def check_max_processes(n: Any, limit: int) -> int:
+    """Return ``n`` if it is a process-slot count 1..limit."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"max_processes must be an int, not {type(n).__name__}")
+    if not 1 <= n <= limit:
+        raise ValueError(f"max_processes must be 1..{limit}, not {n!r}")
+    return n
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` if it is a bool (True/False), else TypeError."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
+    return value
 
 
 class _Octal(int):

@@ -18,13 +18,15 @@ _OK = lib.SHL_OK
 class _Attachment:
     """One process's attachment to one segment, shared by its RWLock objects."""
 
-    __slots__ = ("handle", "key", "name", "refs")
+    __slots__ = ("handle", "key", "name", "refs", "registered")
 
-    def __init__(self, handle: Any, key: Tuple[int, int], name: str) -> None:
+    def __init__(self, handle: Any, key: Tuple[int, int], name: str,
+                 registered: bool = True) -> None:
         self.handle = handle
         self.refs = 0
         self.key = key
         self.name = name
+        self.registered = registered   # False: an operator's handle of its own
 
 
 _registry: Dict[Tuple[int, int], _Attachment] = {}
@@ -73,7 +75,7 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0)
     rc = lib.shl_open(name.encode(), flags, mode, gid, max_processes, out, info)
     if rc != _OK:
-        raise open_error(rc, name, info, mode, gid)
+        raise open_error(rc, name, info, mode, gid, max_processes if create else 0)
     key = (info.dev, info.ino)
     with _registry_lock:
         att = _registry.get(key)
@@ -85,6 +87,28 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         # keep its attachment, drop this handle.
         lib.shl_close(out[0])
         return _share(att)
+
+
+def _attach_operator(name: str) -> _Attachment:
+    """An operator's attachment to the existing lock ``name``: a handle of
+    its own that takes no process slot (SHL_OPEN_NO_SLOT), so it opens a lock
+    whose slots are all taken; it may pause, resume and look, never hold.
+    Not shared through the registry: closing it touches no other object."""
+    out = ffi.new("shl_lock **")
+    info = ffi.new("shl_open_info *")
+    rc = lib.shl_open(name.encode(), lib.SHL_OPEN_NO_SLOT, DEFAULT_OPERATOR_MODE, -1, 0,
+                      out, info)
+    if rc != _OK:
+        raise open_error(rc, name, info, DEFAULT_OPERATOR_MODE, -1)
+    att = _Attachment(out[0], (info.dev, info.ino), name, registered=False)
+    att.refs = 1
+    return att
+
+
+# The mode an operator's open checks an existing segment against: it trusts
+# a segment that grants group/other write only if this allows it, as a
+# default RWLock does.
+DEFAULT_OPERATOR_MODE = 0o600
 
 
 def _share(att: _Attachment) -> _Attachment:
@@ -106,6 +130,12 @@ _close_hooks: List[Callable[[_Attachment], None]] = []
 
 
 def _detach(att: _Attachment) -> None:
+    if not att.registered:
+        rc = lib.shl_close(att.handle)
+        if rc != _OK and rc != lib.SHL_ECLOSED:
+            raise error_for(rc, "close", att.name)
+        att.refs = 0
+        return
     with _registry_lock:
         if att.refs == 1:
             for hook in _close_hooks:

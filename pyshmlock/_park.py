@@ -14,14 +14,14 @@ import contextvars
 import os
 import threading
 import weakref
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from ._attachment import _Attachment, _close_hooks
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for
 from .lock import RWLock
 
-__all__ = ["park"]
+__all__ = ["closing_error", "is_closing", "notify_closing", "park"]
 
 
 class _ParkFuture:
@@ -401,6 +401,7 @@ def _reset_in_child() -> None:
     global _helpers_lock
     _helpers_lock = threading.Lock()
     _helpers.clear()
+    _closing.clear()        # the child's own attachments are not closing
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
@@ -418,6 +419,7 @@ def _before_close(att: _Attachment) -> None:
     with _helpers_lock:
         helper = _helpers.get(att.key)
         if helper is None:
+            _closing.discard(att.key)     # a later attachment starts afresh
             return
         with helper.mu:
             waiting = 0
@@ -434,6 +436,7 @@ def _before_close(att: _Attachment) -> None:
                 "process are waiting for it; cancel them or let them finish first")
         del _helpers[att.key]
     helper.close()
+    _closing.discard(att.key)
 
 
 _close_hooks.append(_before_close)
@@ -448,6 +451,56 @@ def _helper_for(lock: RWLock) -> _Helper:
         if helper is None or helper.handle != att.handle or helper.closed:
             helper = _helpers[att.key] = _Helper(att.handle, lock.name)
         return helper
+
+
+def is_closing(lock: RWLock) -> bool:
+    """Whether notify_closing ended the waits for this lock in this process."""
+    att = lock._att
+    return att is not None and att.key in _closing
+
+
+def closing_error(lock: RWLock, kind: int) -> BaseException:
+    from .errors import LockClosingError
+    from .holds import CALL_NAMES
+    return LockClosingError(f"lock {lock.name!r}: {CALL_NAMES.get(kind, 'wait')} ended: "
+                            "notify_closing() was called (the process is shutting down)")
+
+
+# Attachments (by segment key) whose waits notify_closing ended.  A set's
+# add takes no lock a signal handler could find held.
+_closing: Set[Tuple[int, int]] = set()
+
+
+def notify_closing(lock: RWLock) -> None:
+    """Mark the attachment closing and wake every task parked on it; the
+    woken tasks see the mark and raise.  Takes no lock here: from a signal
+    handler (which may run inside park(), under a helper's mu) the wake-up
+    is handed to the running loop, or done at once if there is none."""
+    att = lock._att
+    if att is None:
+        return
+    _closing.add(att.key)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        _wake_for_closing(att.key)
+        return
+    loop.call_soon_threadsafe(_wake_for_closing, att.key)
+
+
+def _wake_for_closing(key: Tuple[int, int]) -> None:
+    helper = _helpers.get(key)
+    if helper is None:
+        return
+    with helper.mu:
+        loops = helper.live_loops()
+        parked = [(loop, [p.future for p in list(lw.parked.values())]) for loop, lw in loops]
+    for loop, futures in parked:
+        if futures:
+            try:
+                loop.call_soon_threadsafe(_wake_futures, futures)
+            except RuntimeError:
+                pass    # a closed loop: its tasks are gone
 
 
 async def park(lock: RWLock, loop: asyncio.AbstractEventLoop, w: Any,

@@ -44,6 +44,7 @@ class _Lib:
     SHL_STATE_PAUSED: int
     SHL_STATE_PINNED: int
     SHL_MAX_PROCESSES_LIMIT: int
+    SHL_LAYOUT_VERSION: int
     SHL_NAME_MAX: int
     SHL_LOST_WRITE: int
     SHL_LOST_UPDATE: int
@@ -55,6 +56,7 @@ class _Lib:
     SHL_RECOVERY_LOG: int
     SHL_OPEN_CREATE: int
     SHL_OPEN_FAIL_CLOSED: int
+    SHL_OPEN_NO_SLOT: int
     def shl_open(
         self,
         name: bytes,
@@ -98,6 +100,7 @@ class _Lib:
     def shl_watcher_add_loop(self, wt: CData) -> int: ...
     def shl_watcher_drop_loop(self, wt: CData, fd: int) -> None: ...
     def shl_watcher_free(self, wt: CData) -> None: ...
+    def shl_handle_stats(self, open: CData, allocated: CData) -> None: ...
     def shl_info(self, h: CData, out: CData) -> int: ...
     def shl_slot_info(self, h: CData, index: int, out: CData) -> int: ...
     def shl_recovery_info(self, h: CData, index: int, out: CData) -> int: ...

@@ -24,9 +24,9 @@ import time
 from typing import Any, ContextManager, Coroutine, NoReturn, Optional
 
 from . import holds as _holds
-from ._args import DEFAULT_MODE
+from ._args import DEFAULT_MODE, check_bool
 from ._deadline import deadline_ns
-from ._park import park
+from ._park import closing_error, is_closing, notify_closing, park
 from ._shmlock import ffi, lib
 from .errors import ManagedLockError, error_for, managed_error
 from .holds import CALL_NAMES, HOLD_KINDS, hold_repr, hold_would_wait, own_holds
@@ -36,7 +36,6 @@ from .lock import (
     FencedUpdate,
     RWLock,
     _Attached,
-    _flag,
     _reopen,
     _token,
     no_plain_with,
@@ -69,6 +68,8 @@ async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float],
             if remaining is not None and remaining <= 0:
                 lib.shl_cancel(h, w)
                 return False
+            if is_closing(lock):
+                raise closing_error(lock, kind)
             await park(lock, loop, w, remaining)
     except BaseException:
         lib.shl_cancel(h, w)     # cancelled or failed: leave nothing behind
@@ -266,7 +267,7 @@ class AsyncRWLock:
         of a pinned lock leaves it paused (Python warns about the unawaited
         coroutine)."""
         deadline_ns(timeout)           # a bad timeout raises now
-        flags = lib.SHL_RESUME_FORCE if _flag(force, "force") else 0
+        flags = lib.SHL_RESUME_FORCE if check_bool(force, "force") else 0
         try:
             done = _try_once(self._lock, lib.SHL_KIND_RESUME, flags)
         except ManagedLockError as e:
@@ -373,6 +374,35 @@ class AsyncRWLock:
     def close(self) -> None:
         """Detach (see RWLock.close)."""
         self._lock.close()
+
+    def notify_closing(self) -> None:
+        """End every wait for this lock in this process: each task parked on
+        it (on any event loop) raises LockClosingError, and so does every
+        later attempt that would have to wait; attempts granted at once still
+        succeed.  For shutting a server down while requests wait at a paused
+        gate (uvicorn waits for them, forever by default).  Safe from a signal
+        handler; irreversible for this process's attachment."""
+        notify_closing(self._lock)
+
+    def notify_closing_on_signals(self, signals: Any = None) -> None:
+        """Call :meth:`notify_closing` when one of ``signals`` (default
+        SIGINT, SIGTERM) arrives, then the handler that was there before
+        (uvicorn's, which starts its shutdown).  Call it from the main thread
+        once the server has set its handlers, e.g. in a FastAPI lifespan
+        startup."""
+        import signal as _signal
+        for sig in signals or (_signal.SIGINT, _signal.SIGTERM):
+            previous = _signal.getsignal(sig)
+
+            def handler(signum: int, frame: Any, previous: Any = previous) -> None:
+                self.notify_closing()
+                if callable(previous):
+                    previous(signum, frame)
+                elif previous == _signal.SIG_DFL:
+                    _signal.signal(signum, _signal.SIG_DFL)
+                    _signal.raise_signal(signum)
+
+            _signal.signal(sig, handler)
 
     def attached(self) -> ContextManager["AsyncRWLock"]:
         """``async with AsyncRWLock(name).attached() as lock:`` (or ``with``):

@@ -15,6 +15,8 @@ Sections:
   pause-to-wake       N processes blocked at the gate; time from the release
                       call to the last one running (median, p99 over rounds)
   kill-to-recovery    SIGKILL a holder; time until a blocked waiter gets in
+  process footprint   idle CPU and memory after 200 and after 200,000
+                      open/close cycles (what history costs a process)
 
 Peers are optional: a peer whose package is missing is reported as such.
 

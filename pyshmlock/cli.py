@@ -12,7 +12,7 @@
 Expected failures (missing lock, permission denied, timeout, lock in use)
 print one line on stderr and exit non-zero, without a traceback.
 
-`ls`, `status` and `watch` only observe: they map the segment read-only
+`ls`, `status` and `watch` only observe: they read copies of the segment
 (read permission is enough), take no process slot (they work on a lock whose
 slots are all taken) and never appear among the attached processes.
 `pause` and `resume` attach with the stale policy "keep": an operator's tool
@@ -27,7 +27,13 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from .errors import LockInUseError, PyshmlockError, UninitializedSegmentError
+from ._args import check_name
+from .errors import (
+    LayoutVersionError,
+    LockInUseError,
+    PyshmlockError,
+    UninitializedSegmentError,
+)
 from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, inspect, unlink
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE = 0, 1, 3, 2
@@ -46,8 +52,10 @@ NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
 
 
 def _open(name: str) -> RWLock:
+    """The operator's handle for pause and resume: no process slot (it works
+    on a full lock), never among the attached, never resets a stale pause."""
     try:
-        return RWLock(name, create=False, stale="keep")
+        return RWLock._operator(name)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host (see `pyshmlock ls`)") from None
 
@@ -57,6 +65,14 @@ def _inspect(name: str) -> LockInfo:
         return inspect(name)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host (see `pyshmlock ls`)") from None
+
+
+def _lock_name(text: str) -> str:
+    """argparse type: a valid lock name (a bad one is a usage error, exit 2)."""
+    try:
+        return check_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _seconds(text: str) -> float:
@@ -147,8 +163,7 @@ def format_status(info: LockInfo) -> str:
         lines.append(f"  died attached {', '.join(map(str, info.dead_pids))} (their holds "
                      "count until an attached process reclaims them)")
     if info.stale:
-        lines.append("  STALE         every process that used it is gone; the next opener "
-                     "with stale='reset' (the default) clears the pause")
+        lines.append(f"  STALE         {stale_text(info)}")
     lines.append(f"  epoch         {info.epoch}   pauses so far: {info.pause_count}")
     if info.data_suspect:
         lines.append("  DATA SUSPECT  an exclusive holder died mid-update; cleared by the "
@@ -159,6 +174,27 @@ def format_status(info: LockInfo) -> str:
             lines.append(f"    pid {r.pid} died holding {', '.join(r.lost)}"
                          f"{f' ({r.reads} reads)' if r.reads else ''} at {_when(r.when)}")
     return "\n".join(lines)
+
+
+def stale_text(info: LockInfo) -> str:
+    """What a stale lock left behind and what the next opener does about it
+    (one definition for status, OPERATIONS and the metrics)."""
+    left, will = [], []
+    if "pause" in info.stale_left:
+        left.append(f"a pause by {_pauser(info)}")
+        if info.session is not None:
+            will.append("the pause stays: an update session pins it until its end or expiry")
+        elif info.lease_remaining is not None:
+            will.append("the pause stays: a host lease is armed (its cluster agent decides)")
+        else:
+            will.append("with stale='reset' (the default) it also clears the pause")
+    if "holds of dead processes" in info.stale_left:
+        pids = ", ".join(map(str, info.dead_pids)) or "?"
+        left.append(f"holds or claims of dead pid {pids}")
+    return (f"nobody is attached; left behind: {' and '.join(left)}. Dead processes' holds "
+            "are reclaimed by the first attached process that waits on them or looks "
+            "(info(), status of an attached tool)" + (f"; the next opener: {will[0]}"
+                                                         if will else ""))
 
 
 def list_locks() -> List[str]:
@@ -265,6 +301,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
             raise _Fail(f"lock {name!r} was never initialised (its creator died?); "
                         f"`pyshmlock rm --force {name}` removes it") from None
         info = None
+    except LayoutVersionError:
+        # Another release's lock: unlink() removes it when none of its
+        # processes runs, and names them otherwise.
+        info = None
     except (PyshmlockError, OSError):
         if not args.force:
             raise
@@ -295,9 +335,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
         unlink(name, force=args.force)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host") from None
-    except LockInUseError:
-        raise _Fail(f"lock {name!r}: live processes attached; "
-                    f"`pyshmlock rm --force {name}` removes it anyway") from None
+    except LockInUseError as e:
+        raise _Fail(f"{e}; `pyshmlock rm --force {name}` removes it anyway") from None
     print(f"{name}: removed")
     return EXIT_OK
 
@@ -340,14 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("ls", "list locks on this host (observes only)").set_defaults(fn=cmd_ls)
     s = command("status", "show who pauses, holds and waits (observes only)")
-    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.add_argument("--format", choices=["text", "json", "prometheus"], default="text",
                    help="text (default), json, or the Prometheus text exposition format "
                         "(metrics with a lock label, for a node exporter's textfile or a scrape)")
     s.add_argument("--json", action="store_true", help="the same as --format json")
     s.set_defaults(fn=cmd_status)
     s = command("watch", "status, refreshed live until Ctrl-C (observes only)")
-    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.add_argument("--interval", type=_interval, default=0.5, metavar="S",
                    help="seconds between refreshes, > 0 (default 0.5)")
     s.add_argument("--count", type=_count, default=0, metavar="N",
@@ -355,10 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_watch)
     s = command("pause", "close the gate (never blocks); the pause stays after this "
                          "command exits")
-    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.set_defaults(fn=cmd_pause)
     s = command("resume", "open the gate once no update holds it")
-    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="give up (exit 3) after S seconds; inf waits forever (default 10)")
     s.add_argument("--force", action="store_true",
@@ -366,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "a cluster agent manages the lock")
     s.set_defaults(fn=cmd_resume)
     s = command("rm", "remove a lock; processes still attached keep the old one")
-    s.add_argument("name", help=NAME_HELP)
+    s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.add_argument("--force", action="store_true",
                    help="remove it even if live processes are attached")
     s.add_argument("--confirm-split", action="store_true",
@@ -396,16 +435,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: Commands that need an optional extra: command -> (extra, its modules).
+#: (`agent`, `cluster` and `cluster-demo` need none: the cluster's etcd
+#: client is the standard library's asyncio.)
+EXTRAS = {
+    "demo": ("demo", ("fastapi", "uvicorn", "httpx")),
+}
+
+
+def _missing_modules(modules: Tuple[str, ...]) -> List[str]:
+    import importlib.util
+    missing = []
+    for m in modules:
+        try:
+            found = importlib.util.find_spec(m) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(m)
+    return missing
+
+
+def require_extra(command: str) -> None:
+    """One line naming the extra to install, before a command that needs it
+    starts anything (no tracebacks from its children)."""
+    extra, modules = EXTRAS.get(command, ("", ()))
+    missing = _missing_modules(modules)
+    if missing:
+        raise _Fail(f"`pyshmlock {command}` needs the '{extra}' extra (missing: "
+                    f"{', '.join(missing)}): pip install 'pyshmlock[{extra}]'")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `pyshmlock` console script."""
     args = build_parser().parse_args(argv)
     try:
+        require_extra(args.command)
         return int(args.fn(args))
     except _Fail as e:
         print(f"pyshmlock: {e}", file=sys.stderr)
         return e.code
     except PermissionError as e:
-        print(f"pyshmlock: permission denied: {e.filename or ''}", file=sys.stderr)
+        # The library's own message names the owner, the mode and what to do;
+        # a bare system refusal gets the path.
+        msg = e.strerror or str(e)
+        if e.filename and str(e.filename) not in msg:
+            msg = f"{msg}: {e.filename}"
+        print(f"pyshmlock: permission denied: {msg}", file=sys.stderr)
         return EXIT_ERROR
     except (PyshmlockError, OSError, ValueError) as e:
         print(f"pyshmlock: {e}", file=sys.stderr)

@@ -66,9 +66,11 @@ class TooManyReadHoldsError(PyshmlockError, RuntimeError):
 
 class DataSuspectError(PyshmlockError, RuntimeError):
     """resume() of a paused lock whose protected data is suspect: a process
-    died holding the write or update hold, or an update session expired
-    before its end.  A completed write/update clears the mark, or
-    ``resume(force=True)`` (``pyshmlock resume --force``) opens it anyway."""
+    died holding the write or update hold (not a claim still waiting for
+    readers), or an update session expired before its end.  A completed
+    write/update claimed after the loss, or a session ended normally, clears
+    the mark; ``resume(force=True)`` (``pyshmlock resume --force``) opens
+    the gate anyway and clears it."""
 
 
 class ManagedLockError(PyshmlockError, RuntimeError):
@@ -80,6 +82,11 @@ class ManagedLockError(PyshmlockError, RuntimeError):
 class SessionError(PyshmlockError, RuntimeError):
     """end_session() with a token that names no current update session
     (it ended or expired, or never was)."""
+
+
+class LockClosingError(PyshmlockError, RuntimeError):
+    """A wait for the lock was ended by ``AsyncRWLock.notify_closing()``:
+    the process is shutting down (nothing was acquired)."""
 
 
 class FencingError(PyshmlockError, RuntimeError):
@@ -213,8 +220,53 @@ def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
     return PermissionError(_errno.EPERM, f"lock {name!r}: {what}; {rule}", path)
 
 
-def open_error(rc: int, name: str, info: Any, mode: int, gid: int) -> BaseException:
+#: Segment layout -> the releases that use it (CHANGELOG.md's table).
+LAYOUT_RELEASES = {1: "0.1.x", 2: "0.2.x", 3: "0.3.x"}
+
+
+def layout_error(name: str, info: Any) -> LayoutVersionError:
+    """The LayoutVersionError of a segment of another layout, naming who
+    still uses it and what to do."""
+    mine = lib.SHL_LAYOUT_VERSION
+    other = info.layout
+    rel = LAYOUT_RELEASES.get(other, "another release")
+    what = (f"lock {name!r} is a layout-{other} lock (pyshmlock {rel}); this pyshmlock "
+            f"uses layout {mine}, and releases of different layouts cannot share a lock")
+    if info.live == 0xFFFFFFFF:
+        return LayoutVersionError(f"{what}; its users cannot be read. Stop every process of "
+                                  f"the old release, then `pyshmlock rm --force {name}`")
+    if info.live:
+        return LayoutVersionError(
+            f"{what}, and {info.live} process(es) of the old release still use it (pid "
+            f"{info.live_pid}). Stop them (upgrade every process of the host together); "
+            f"or `pyshmlock rm --force {name}` to replace it now (they keep the old lock). "
+            "See 'Upgrading' in docs/OPERATIONS.md")
+    return LayoutVersionError(f"{what}; no process uses it any more: opening it with "
+                              f"create=True replaces it, as does `pyshmlock rm {name}`")
+
+
+def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
+               max_processes: int = 0) -> BaseException:
     """The exception for shl_open's return code rc (info: its shl_open_info)."""
+    if rc == lib.SHL_EVERSION:
+        return layout_error(name, info)
+    if rc == lib.SHL_EFULL and info.max_processes:
+        asked = (f"; this process asked for max_processes={max_processes}, which only a "
+                 "new lock gets (remove it while no process uses it: `pyshmlock rm "
+                 f"{name}`)") if max_processes > info.max_processes else ""
+        return TooManyProcessesError(
+            f"lock {name!r}: all {info.max_processes} process slots are taken by live "
+            f"processes (max_processes={info.max_processes}, fixed when the lock was "
+            f"created){asked}")
+    if rc == lib.SHL_ESYS and ffi.errno == _errno.ENOSPC:
+        size = lib.shl_segment_size(max_processes) if max_processes else 0
+        need = f" for its {size}-byte segment (max_processes={max_processes})" if size else ""
+        return OSError(_errno.ENOSPC,
+                       f"lock {name!r}: no space left in /dev/shm{need}; nothing was "
+                       "created. Free space there, or give it more (a container's "
+                       "/dev/shm is 64 MB by default: docker run --shm-size, or a larger "
+                       "tmpfs); `df -h /dev/shm` shows what is left",
+                       f"/dev/shm/pyshmlock.{name}")
     if rc == lib.SHL_EPERM:
         return untrusted_error(name, info, mode, gid)
     if rc == lib.SHL_ESIZE:

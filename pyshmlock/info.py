@@ -89,9 +89,14 @@ class LockInfo:
     dead_pids: List[int] = field(default_factory=list)
     #: Whether the process that paused still runs (None: not paused).
     paused_by_alive: Optional[bool] = None
-    #: No live process is attached and the segment holds state left by dead
-    #: ones (a pause whose pauser is gone, holds or claims of dead processes).
+    #: Stale: no live process is attached, and the segment holds state left
+    #: by processes that are gone (a pause whose pauser is gone, holds,
+    #: claims or queued readers of dead processes).  ``stale_left`` says
+    #: what: "pause", "holds of dead processes".  The next opener reclaims
+    #: the holds; with ``stale="reset"`` (the default) it also clears the
+    #: pause, unless an update session or a host lease keeps it.
     stale: bool = False
+    stale_left: List[str] = field(default_factory=list)
     #: The update session that pins the pause, if any.
     session: Optional[SessionInfo] = None
     #: Update sessions that expired before their end.
@@ -175,12 +180,18 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
     kind = snap.exclusive_kind
     suspect = bool(snap.data_suspect)
     stale = False
+    stale_left: List[str] = []
     if observer:
         owner_dead = owner is not None and owner not in live
         # A granted exclusive holder that died makes the data suspect already;
         # the flag itself is set when an attached process reclaims the hold.
         suspect = suspect or (owner_dead and bool(snap.exclusive_granted))
-        stale = not live and bool((snap.paused and not pauser_alive) or dead or owner_dead)
+        stale_left = []
+        if not live and snap.paused and not pauser_alive:
+            stale_left.append("pause")
+        if not live and (dead or owner_dead):
+            stale_left.append("holds of dead processes")
+        stale = bool(stale_left)
     return LockInfo(
         name=name,
         paused=bool(snap.paused),
@@ -203,6 +214,7 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
         dead_pids=sorted(set(dead) - set(live)),
         paused_by_alive=pauser_alive,
         stale=stale,
+        stale_left=stale_left,
         session=session_of(snap),
         session_expiries=snap.session_expiries,
         fence=snap.fence,

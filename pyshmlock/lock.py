@@ -14,9 +14,9 @@ from typing import Any, Callable, ContextManager, NoReturn, Optional, Tuple, Uni
 # C fast path (issue 14): RWLock subclasses _fastpath.Lock, whose methods
 # are the hold calls; importing _fastpath sets the base types up.
 from . import _fastpath
-from ._args import DEFAULT_MODE, check_group
+from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, check_mode
 from ._args import check_name as check_name
-from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _Attachment
+from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
 from ._attachment import _detach as _detach
 from ._deadline import deadline_ns as deadline_ns
 from ._hostconf import fail_closed_for
@@ -53,6 +53,7 @@ __all__ = [
     "SessionInfo",
     "SyncHold",
     "inspect",
+    "segment_size",
     "unlink",
 ]
 
@@ -70,7 +71,9 @@ def session_ttl_ns(ttl: Any) -> int:
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
     if not ttl > 0 or ttl != ttl:
         raise ValueError(f"ttl must be > 0 seconds, not {ttl!r}")
-    return min(int(ttl * 1e9), 1 << 62)
+    if ttl >= (1 << 62) / 1e9:        # 146 years or more (inf too): never expires
+        return 1 << 62
+    return max(1, int(ttl * 1e9))
 
 
 def _token(token: Any) -> int:
@@ -79,12 +82,6 @@ def _token(token: Any) -> int:
     if not 0 <= token < 1 << 64:
         raise ValueError(f"a token is 0 .. 2**64-1, not {token!r}")
     return token
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
-    return value
 
 
 class FencedUpdate:
@@ -296,12 +293,9 @@ class RWLock(_fastpath.Lock):
             _fail_closed = bool(create) and fail_closed_for(name)
         gid = check_group(group)
         check_stale(stale)
-        if not isinstance(mode, int) or not 0 <= mode <= 0o777:
-            raise ValueError(f"mode must be a permission number 0..0o777, not {mode!r}")
-        if (not isinstance(max_processes, int) or isinstance(max_processes, bool)
-                or not 1 <= max_processes <= lib.SHL_MAX_PROCESSES_LIMIT):
-            raise ValueError(f"max_processes must be 1..{lib.SHL_MAX_PROCESSES_LIMIT}, "
-                             f"not {max_processes!r}")
+        check_mode(mode)
+        check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
+        check_bool(create, "create")
         self.name = name
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
                                                    gid, _fail_closed)
@@ -320,6 +314,24 @@ class RWLock(_fastpath.Lock):
         # (see "Bound methods kept" in csrc/fastpath/hold.c).
         for hold in (self.reader_lock, self.writer_lock, self.update_lock):
             hold._keep_bound()
+
+    @classmethod
+    def _operator(cls, name: str) -> "RWLock":
+        """An operator's view of the existing lock ``name`` (the ``pyshmlock``
+        command's pause and resume): it takes no process slot, so it works on
+        a lock whose ``max_processes`` slots are all taken, never appears
+        among the attached processes, and never resets a stale pause.  pause,
+        resume, wait_resumed, info work; holds are refused (ValueError)."""
+        check_name(name)
+        self = cls.__new__(cls)
+        self.name = name
+        self._att = _attach_operator(name)
+        self._h = self._att.handle
+        self._fast_bind(_fastpath.address(self._h))
+        self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)
+        self.writer_lock = SyncHold(self, lib.SHL_KIND_WRITE, None)
+        self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
+        return self
 
     def _handle(self) -> Any:
         """The C handle, or ValueError if this object is closed.
@@ -363,7 +375,7 @@ class RWLock(_fastpath.Lock):
         A lock whose host lease is armed belongs to its cluster agent:
         ManagedLockError.  ``force=True`` opens it anyway (and clears the
         data-suspect mark: the caller vouches for the data)."""
-        return self._resume(timeout, lib.SHL_RESUME_FORCE if _flag(force, "force") else 0)
+        return self._resume(timeout, lib.SHL_RESUME_FORCE if check_bool(force, "force") else 0)
 
     def _resume_as_manager(self, timeout: Optional[float] = None) -> bool:
         """resume() for the host's cluster agent: an armed lease does not
@@ -565,6 +577,14 @@ class RWLock(_fastpath.Lock):
                 f"this process {own_holds(self)}>")
 
 
+def segment_size(max_processes: int = 256) -> int:
+    """The bytes a lock with room for ``max_processes`` processes takes in
+    /dev/shm (tmpfs rounds it up to whole pages), to size a container's
+    ``--shm-size``."""
+    check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
+    return int(lib.shl_segment_size(max_processes))
+
+
 def unlink(name: str, force: bool = False) -> None:
     """Remove the lock ``name`` from the system.
 
@@ -578,12 +598,14 @@ def unlink(name: str, force: bool = False) -> None:
     creates a fresh lock.  FileNotFoundError if there is no such lock.
     """
     check_name(name)
+    check_bool(force, "force")
     attached = ffi.new("uint32_t *")
     rc = lib.shl_unlink(name.encode(), int(bool(force)), attached)
     if rc == lib.SHL_EBUSY:
-        raise LockInUseError(
-            f"lock {name!r}: {attached[0]} other live process(es) attached; "
-            "pass force=True to remove it anyway")
+        who = ("processes whose segment (another release's layout) cannot be read"
+               if attached[0] == 0xFFFFFFFF else
+               f"{attached[0]} other live process(es) attached")
+        raise LockInUseError(f"lock {name!r}: {who}; pass force=True to remove it anyway")
     if rc == lib.SHL_EPERM:
         raise untrusted_error(name, None, None, -1, unlinking=True)
     if rc != _OK:

@@ -28,11 +28,13 @@ from typing import (
     Optional,
     Sequence,
     Tuple,
+    Union,
 )
 
 from .lock import LockInfo
 
-__all__ = ["METRICS", "LockCollector", "Metric", "exposition", "samples"]
+__all__ = ["LOCK_METRICS", "METRICS", "LockCollector", "Metric", "Unreadable", "exposition",
+           "look", "samples"]
 
 
 class Metric(NamedTuple):
@@ -55,12 +57,25 @@ def _exclusive(info: LockInfo, now: float) -> List[Tuple[Dict[str, str], float]]
             ({"kind": "update"}, float(held and info.updater_pid is not None))]
 
 
+def _age(i: LockInfo, now: float) -> float:
+    return max(0.0, now - i.paused_at) if i.paused and i.paused_at else 0.0
+
+
 METRICS: Tuple[Metric, ...] = (
+    Metric("pyshmlock_lock_present", "gauge",
+           "1 if the lock exists on this host (0: no such lock: nothing else is reported)",
+           _one(lambda i, now: 1)),
+    Metric("pyshmlock_lock_readable", "gauge",
+           "1 if the lock could be read (0: see the error label: foreign, corrupt, "
+           "other-layout or unreadable segment)", _one(lambda i, now: 1)),
     Metric("pyshmlock_paused", "gauge", "1 while the pause gate is closed",
            _one(lambda i, now: i.paused)),
     Metric("pyshmlock_paused_seconds", "gauge",
-           "How long the current pause has lasted (0 when not paused)",
-           _one(lambda i, now: max(0.0, now - i.paused_at) if i.paused and i.paused_at else 0.0)),
+           "How long the current pause has lasted (0 when not paused)", _one(_age)),
+    Metric("pyshmlock_pauser_alive", "gauge",
+           "While paused: 1 if the process that paused still runs, 0 if it is gone "
+           "(someone must resume); 1 when not paused",
+           _one(lambda i, now: 1 if not i.paused or i.paused_by_alive else 0)),
     Metric("pyshmlock_pauses", "counter", "Pauses since the lock was created",
            _one(lambda i, now: i.pause_count)),
     Metric("pyshmlock_readers", "gauge", "Read holds, over every process",
@@ -69,15 +84,30 @@ METRICS: Tuple[Metric, ...] = (
            _one(lambda i, now: sum(i.waiters.values()))),
     Metric("pyshmlock_exclusive_held", "gauge",
            "1 while a write or update hold is granted (not merely claimed)", _exclusive),
+    Metric("pyshmlock_update_session", "gauge", "1 while an update session pins the pause",
+           _one(lambda i, now: i.session is not None)),
     Metric("pyshmlock_recoveries", "counter",
            "Holds reclaimed from processes that died holding them",
            _one(lambda i, now: i.recovery_count)),
     Metric("pyshmlock_data_suspect", "gauge",
-           "1 after an exclusive holder died mid-section, until the next completed write/update",
+           "1 after an exclusive holder died mid-section or an update session expired, "
+           "until a completed update (resume refuses meanwhile)",
            _one(lambda i, now: i.data_suspect)),
+    Metric("pyshmlock_dead_holders", "gauge",
+           "Processes that died attached and are not reclaimed yet",
+           _one(lambda i, now: len(i.dead_pids))),
+    Metric("pyshmlock_stale", "gauge",
+           "1 when no live process is attached and state of gone ones is left",
+           _one(lambda i, now: i.stale)),
     Metric("pyshmlock_attached_processes", "gauge", "Live processes attached to the lock",
            _one(lambda i, now: len(i.attached_pids))),
+    Metric("pyshmlock_max_processes", "gauge",
+           "Process slots of the lock (fixed by its creator)",
+           _one(lambda i, now: i.max_processes)),
 )
+
+#: The metrics that describe a lock that could be read (all but the first two).
+LOCK_METRICS = METRICS[2:]
 
 
 class Sample(NamedTuple):
@@ -86,14 +116,46 @@ class Sample(NamedTuple):
     value: float
 
 
-def samples(infos: Iterable[LockInfo], now: Optional[float] = None) -> Iterator[Sample]:
-    """Every sample of every metric for the given snapshots, metric by metric."""
+class Unreadable(NamedTuple):
+    """A lock a scrape could not read: present (or not) and why."""
+
+    name: str
+    present: bool
+    error: str
+
+
+Looked = Union[LockInfo, Unreadable]
+
+
+def samples(infos: Iterable[Looked], now: Optional[float] = None) -> Iterator[Sample]:
+    """Every sample of every metric for the given snapshots, metric by metric.
+    A lock that could not be read gets only lock_present and lock_readable
+    (with the error's name as a label)."""
     infos = list(infos)
     now = time.time() if now is None else now
     for m in METRICS:
         for info in infos:
+            if isinstance(info, Unreadable):
+                if m.name == "pyshmlock_lock_present":
+                    yield Sample(m, {"lock": info.name}, float(info.present))
+                elif m.name == "pyshmlock_lock_readable" and info.present:
+                    yield Sample(m, {"lock": info.name, "error": info.error}, 0.0)
+                continue
             for labels, value in m.value(info, now):
+                if m.name == "pyshmlock_lock_readable":
+                    labels = {**labels, "error": ""}
                 yield Sample(m, {"lock": info.name, **labels}, value)
+
+
+def look(name: str, snapshot: Optional[Callable[[str], LockInfo]] = None) -> Looked:
+    """The snapshot of ``name``, or why there is none; never raises."""
+    from .lock import inspect
+    try:
+        return (snapshot or inspect)(name)
+    except FileNotFoundError:
+        return Unreadable(name, False, "FileNotFoundError")
+    except Exception as e:       # a scrape must never fail: the sample says why
+        return Unreadable(name, True, type(e).__name__)
 
 
 def _escape(value: str) -> str:
@@ -104,7 +166,7 @@ def _sample_name(m: Metric) -> str:
     return m.name + "_total" if m.kind == "counter" else m.name
 
 
-def exposition(infos: Sequence[LockInfo], now: Optional[float] = None) -> str:
+def exposition(infos: Sequence[Looked], now: Optional[float] = None) -> str:
     """The Prometheus text exposition format (version 0.0.4) for the locks."""
     out: List[str] = []
     seen = set()
@@ -122,37 +184,39 @@ def exposition(infos: Sequence[LockInfo], now: Optional[float] = None) -> str:
 class LockCollector:
     """A ``prometheus_client`` collector for one or more locks, by name.
 
-    Each scrape takes a fresh read-only snapshot of every lock; a lock that
-    does not exist (yet, or any more) is left out of that scrape.
+    Each scrape takes a fresh read-only snapshot of every lock.  A collector
+    never raises: a lock that does not exist (yet, or any more) reports
+    ``pyshmlock_lock_present 0``, and one that cannot be read (a foreign,
+    corrupt or other-layout segment, no permission) reports
+    ``pyshmlock_lock_readable{error="..."} 0``; the other locks and the
+    application's own metrics flow as usual.
     """
 
     def __init__(self, names: Iterable[str],
                  snapshot: Optional[Callable[[str], LockInfo]] = None) -> None:
-        from .lock import inspect
         self.names = list(names)
-        self._snapshot = snapshot or inspect
-
-    def _infos(self) -> List[LockInfo]:
-        infos = []
-        for name in self.names:
-            try:
-                infos.append(self._snapshot(name))
-            except FileNotFoundError:
-                continue
-        return infos
+        self._snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         families: Dict[str, Any] = {}
-        for s in samples(self._infos()):
-            fam = families.get(s.metric.name)
+        looked = [look(name, self._snapshot) for name in self.names]
+        for s in samples(looked):
             label_names = sorted(s.labels)
+            key = s.metric.name + "|" + ",".join(label_names)
+            fam = families.get(key)
             if fam is None:
                 cls = CounterMetricFamily if s.metric.kind == "counter" else GaugeMetricFamily
-                fam = families[s.metric.name] = cls(s.metric.name, s.metric.help,
-                                                    labels=label_names)
+                fam = families[key] = cls(s.metric.name, s.metric.help, labels=label_names)
             fam.add_metric([s.labels[k] for k in label_names], s.value)
-        yield from families.values()
+        merged: Dict[str, Any] = {}
+        for key, fam in families.items():      # one family per name, whatever its labels
+            name = key.split("|")[0]
+            if name in merged:
+                merged[name].samples.extend(fam.samples)
+            else:
+                merged[name] = fam
+        yield from merged.values()
 
     def describe(self) -> Iterator[Any]:
         """No families up front: prometheus_client then calls collect() on

@@ -11,7 +11,10 @@ STALE_POLICIES = ("reset", "keep")
 
 
 def check_stale(stale: Any) -> str:
-    """Return ``stale`` if it is a stale-segment policy, else raise ValueError."""
+    """Return ``stale`` if it is a stale-segment policy, else raise ValueError
+    (TypeError if it is not a str)."""
+    if not isinstance(stale, str):
+        raise TypeError(f"stale must be one of {STALE_POLICIES}, not {type(stale).__name__}")
     if stale not in STALE_POLICIES:
         raise ValueError(f"stale must be one of {STALE_POLICIES}, not {stale!r}")
     return str(stale)

@@ -18,11 +18,19 @@ def seg_path(name):
     return os.path.join(SHM_DIR, "pyshmlock." + name)
 
 
-@pytest.mark.parametrize("bad", ["", "a/b", "x" * 201, "sp ace", "é", "..\x00", None, 5, b"ab"])
+@pytest.mark.parametrize("bad", ["", "a/b", "x" * 201, "sp ace", "é", "..\x00"])
 def test_invalid_names(bad):
     with pytest.raises(ValueError, match="invalid lock name"):
         pyshmlock.RWLock(bad)
     with pytest.raises(ValueError):
+        pyshmlock.unlink(bad)
+
+
+@pytest.mark.parametrize("bad", [None, 5, b"ab"])
+def test_a_name_that_is_not_a_str_is_a_type_error(bad):
+    with pytest.raises(TypeError, match="str"):
+        pyshmlock.RWLock(bad)
+    with pytest.raises(TypeError):
         pyshmlock.unlink(bad)
 
 
@@ -34,12 +42,48 @@ def test_longest_valid_name(lock_name):
 
 
 @pytest.mark.parametrize("kw", [{"max_processes": 0}, {"max_processes": 5000},
-                                {"max_processes": True}, {"max_processes": 2.5},
-                                {"mode": -1}, {"mode": 0o1000}, {"mode": "rw"}])
+                                {"mode": -1}, {"mode": 0o1000}, {"stale": "drop"}])
 def test_invalid_options(lock_name, kw):
     with pytest.raises(ValueError):
         pyshmlock.RWLock(lock_name, **kw)
     assert not os.path.exists(seg_path(lock_name))
+
+
+@pytest.mark.parametrize("kw", [{"max_processes": True}, {"max_processes": 2.5},
+                                {"max_processes": "8"}, {"mode": True}, {"mode": "rw"},
+                                {"mode": 0o600 * 1.0}, {"create": 1}, {"create": "yes"},
+                                {"stale": None}, {"group": 1.5}, {"group": True}])
+def test_options_of_the_wrong_type_are_type_errors(lock_name, kw):
+    for cls in (pyshmlock.RWLock, pyshmlock.AsyncRWLock):
+        with pytest.raises(TypeError):
+            cls(lock_name, **kw)
+    assert not os.path.exists(seg_path(lock_name)), "a refused open created the lock"
+
+
+@pytest.mark.parametrize("timeout", ["1", b"1", True, [1], object()])
+def test_a_timeout_of_the_wrong_type_is_a_type_error(lock, timeout):
+    for call in (lock.acquire_read, lock.acquire_write, lock.acquire_update,
+                 lock.resume, lock.wait_resumed, lock.wait_drained, lock.read,
+                 lock.write, lock.update):
+        with pytest.raises(TypeError, match="timeout"):
+            call(timeout)
+    with pytest.raises(TypeError):
+        with lock.read(timeout):
+            pass
+    assert not lock.is_locked() and not lock.paused
+
+
+def test_other_arguments_of_the_wrong_type_are_type_errors(lock):
+    with pytest.raises(TypeError):
+        pyshmlock.unlink(lock.name, force="yes")
+    with pytest.raises(TypeError):
+        lock.resume(force=1)
+    with pytest.raises(TypeError):
+        lock.end_session("1")
+    with pytest.raises(TypeError):
+        lock.raise_fence(2.0)
+    with pytest.raises(TypeError):
+        pyshmlock.segment_size("256")
 
 
 def test_create_false_on_missing_lock(lock_name):
@@ -87,12 +131,12 @@ def test_empty_segment_is_an_unfinished_creation(lock_name):
         pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 
 
-def test_other_layout_version(lock_name):
+def test_a_segment_of_another_layout_is_refused_by_observers_and_plain_openers(lock_name):
     header = struct.pack("<IIIIIIQI", MAGIC, 99, 640, 128, 4, 1, 640 + 4 * 128, READY)
     with open(seg_path(lock_name), "wb") as f:
         f.write(header.ljust(8192, b"\0"))
-    with pytest.raises(pyshmlock.LayoutVersionError, match="layout version"):
-        pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.LayoutVersionError, match="layout"):
+        pyshmlock.RWLock(lock_name, create=False)
     with pytest.raises(pyshmlock.LayoutVersionError, match="layout version"):
         pyshmlock.inspect(lock_name)   # the read-only observer checks the same
 

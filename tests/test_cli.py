@@ -57,7 +57,7 @@ def test_missing_lock_is_a_clean_error(lock_name):
 
 def test_invalid_name_and_usage():
     p = run("status", "bad/name")
-    assert p.returncode == 1 and "invalid lock name" in p.stderr
+    assert p.returncode == 2 and "invalid lock name" in p.stderr   # a usage error
     assert run().returncode == 2
 
 

@@ -12,7 +12,7 @@ import pyshmlock
 
 pytestmark = pytest.mark.timeout(90)
 
-EPOCHS = 1 << 15            # width of the epoch field of the state word
+EPOCHS = 1 << 14            # width of the epoch field of the state word (layout 3)
 
 
 def _wait_for(pred, timeout=10.0, what="condition"):
@@ -56,7 +56,7 @@ def test_epoch_wrap_across_one_readers_wait_does_not_deadlock(lock, lock_name, c
     e1 = lock.info().epoch
     os.kill(c.pid, signal.SIGSTOP)      # it must not slip in while the gate opens below
     try:
-        for _ in range(EPOCHS - 1):     # phases E+2 .. E+2^15, all under the pause
+        for _ in range(EPOCHS - 1):     # phases E+2 .. E+2^14, all under the pause
             lock.release_write()
             assert lock.acquire_write(5)
         assert lock.info().epoch == (e1 - 1) % EPOCHS

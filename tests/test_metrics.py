@@ -109,3 +109,60 @@ def test_exposition_escapes_and_types():
     m = parse(text, 'we"ird')
     assert m["pyshmlock_paused_seconds"] == 10.0 and m["pyshmlock_pauses_total"] == 3
     assert "# TYPE pyshmlock_pauses_total counter" in text
+
+
+# ------------------------------------------- a scrape never fails; alerting
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RULES = os.path.join(ROOT, "docs", "prometheus")
+
+
+def _plant(name, data):
+    path = f"/dev/shm/pyshmlock.{name}"
+    with open(path, "wb") as f:
+        f.write(data)
+    os.chmod(path, 0o600)
+
+
+def test_a_collector_never_raises_and_says_what_it_could_not_read(lock, lock_name):
+    import struct
+    foreign, other, missing = lock_name + "-f", lock_name + "-v2", lock_name + "-none"
+    _plant(foreign, b"not a lock at all" * 100)
+    with open(f"/dev/shm/pyshmlock.{lock_name}", "rb") as f:
+        seg = bytearray(f.read())
+    struct.pack_into("<I", seg, 4, 2)              # the same lock, as layout 2 wrote it
+    _plant(other, bytes(seg))
+    try:
+        reg = prometheus_client.CollectorRegistry(auto_describe=False)
+        reg.register(LockCollector([foreign, other, missing, lock_name]))
+        text = prometheus_client.generate_latest(reg).decode()
+    finally:
+        for n in (foreign, other):
+            os.unlink(f"/dev/shm/pyshmlock.{n}")
+    fams = {(s.name, s.labels.get("lock"), s.labels.get("error", "")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert fams[("pyshmlock_lock_readable", foreign, "ForeignSegmentError")] == 0
+    assert fams[("pyshmlock_lock_readable", other, "LayoutVersionError")] == 0
+    assert fams[("pyshmlock_lock_present", missing, "")] == 0
+    assert fams[("pyshmlock_lock_present", lock_name, "")] == 1
+    assert fams[("pyshmlock_lock_readable", lock_name, "")] == 1
+    assert fams[("pyshmlock_max_processes", lock_name, "")] == 256
+    assert ("pyshmlock_paused", foreign, "") not in fams, "no lock metrics for what it cannot read"
+
+
+def test_the_alert_rules_name_only_metrics_that_exist():
+    import re
+    with open(os.path.join(RULES, "alerts.yml")) as f:
+        text = f.read()
+    names = {m.name + ("_total" if m.kind == "counter" else "") for m in METRICS}
+    used = set(re.findall(r"\bpyshmlock_[a-z_]+", text))
+    assert used and used <= names, used - names
+
+
+@pytest.mark.skipif(__import__("shutil").which("promtool") is None and
+                    os.environ.get("PYSHMLOCK_REQUIRE_PROMTOOL") != "1",
+                    reason="promtool is not installed (Debian: apt-get install prometheus)")
+def test_the_documented_alert_rules_pass_promtool():
+    p = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], cwd=RULES,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr

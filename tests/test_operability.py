@@ -105,7 +105,7 @@ def test_live_pauser_is_never_reset(lock_name, children):
 def test_bad_stale_policy(lock_name):
     with pytest.raises(ValueError, match="stale"):
         pyshmlock.RWLock(lock_name, stale="maybe")
-    with pytest.raises(ValueError, match="stale"):
+    with pytest.raises(TypeError, match="stale"):
         pyshmlock.AsyncRWLock(lock_name, stale=None)
 
 

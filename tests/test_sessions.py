@@ -252,3 +252,56 @@ def test_tokens_are_ints(lock):
         lock.end_session("1")
     with pytest.raises(ValueError):
         lock.end_session(-1)
+
+
+def hold_and_die(q, name, kind, pause):
+    lk = pyshmlock.RWLock(name)
+    if pause:
+        lk.pause()
+    assert getattr(lk, f"acquire_{kind}")(5)
+    q.put("holding")
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("kind", ["write", "update"])
+def test_an_exclusive_holder_dead_under_a_pause_keeps_the_gate_shut(lock, lock_name,
+                                                                   children, kind):
+    """Nobody probed the dead holder before resume(): resume reclaims it
+    first, and then refuses (a write hold does not pin the pause, but its
+    loss must not open the gate on what it half-wrote)."""
+    c = children(hold_and_die, lock_name, kind, True)
+    c.expect("holding")
+    os.kill(c.pid, signal.SIGKILL)
+    c.kill()
+    with pytest.raises(pyshmlock.DataSuspectError):
+        lock.resume(5)
+    assert lock.paused and lock.info().data_suspect
+    assert lock.resume(1, force=True)
+
+
+def claim_then_wait(q, name):
+    lk = pyshmlock.RWLock(name)
+    q.put("claiming")
+    lk.acquire_write(60)                 # waits for the parent's read, killed meanwhile
+
+
+def test_a_writer_killed_while_it_waited_for_readers_marks_nothing(lock, lock_name, children):
+    """It claimed the lock but never held it: nothing was written, the loss
+    is recorded as a claim and the data stays trusted."""
+    assert lock.acquire_read(2)
+    c = children(claim_then_wait, lock_name)
+    c.expect("claiming")
+    deadline = time.monotonic() + 5
+    while lock.info().writer_pid != c.pid and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lock.info().writer_pid == c.pid and not lock.info().exclusive_granted
+    os.kill(c.pid, signal.SIGKILL)
+    c.kill()
+    lock.release_read()
+    assert lock.acquire_read(2)          # probes and reclaims the dead claim
+    lock.release_read()
+    info = lock.info()
+    assert info.recoveries[-1].lost == ("exclusive claim",)
+    assert not info.data_suspect
+    lock.pause()
+    assert lock.resume(1)

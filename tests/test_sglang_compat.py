@@ -449,8 +449,10 @@ def test_sglang_own_unit_tests(test_file, tmp_path):
     # RWLock is AsyncRWLock through the adapter.  The file is copied into a
     # directory of its own so that nothing beside it shadows a module.
     shutil.copy(test_file, tmp_path)
+    # The copy's own directory goes on the path too: the child runs with
+    # PYTHONSAFEPATH (conftest), so its working directory is not searched.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE / "sglang_shim"), str(HERE)]
+        [str(tmp_path), str(HERE / "sglang_shim"), str(HERE)]
         + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     r = subprocess.run(
         [sys.executable, "-m", "unittest", "-v", os.path.basename(test_file)],
@@ -459,3 +461,31 @@ def test_sglang_own_unit_tests(test_file, tmp_path):
     assert r.returncode == 0, report
     ran = re.search(r"^Ran (\d+) tests?", report, re.M)
     assert ran and int(ran.group(1)) > 0, report
+
+
+def test_the_readmes_command_for_sglangs_own_tests_runs_a_checkouts_tests(tmp_path):
+    """`SGLANG_SRC=... pytest tests/test_sglang_compat.py -k own_unit_tests`
+    (the README's command) imports and runs the checkout's test files: here
+    a checkout shaped like SGLang's with one such file, using the RWLock the
+    way SGLang's tests do."""
+    utils = tmp_path / "test" / "registered" / "unit" / "utils"
+    utils.mkdir(parents=True)
+    (utils / "test_aio_rwlock_shape.py").write_text(
+        "import asyncio, unittest\n"
+        "from sglang.srt.utils.aio_rwlock import RWLock\n\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_reader_then_writer(self):\n"
+        "        async def main():\n"
+        "            lock = RWLock()\n"
+        "            async with lock.reader_lock:\n"
+        "                self.assertTrue(await lock.is_locked())\n"
+        "            async with lock.writer_lock:\n"
+        "                pass\n"
+        "            self.assertFalse(await lock.is_locked())\n"
+        "        asyncio.run(main())\n")
+    env = dict(os.environ, SGLANG_SRC=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(HERE / "test_sglang_compat.py"), "-k", "own_unit_tests"],
+                       cwd=str(HERE.parent), env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr

@@ -111,6 +111,9 @@ CONFIGS = [
     Config("two sessions; either may expire", sessions(S, S)),
     Config("session, pause+resume; the session's process may die", sessions(S, P, victim=0)),
     Config("pause+resume, update; the updater may die", pair(P, U, victim=1)),
+    Config("pause+resume, write; the writer may die", pair(P, W, victim=1)),
+    Config("session, an update call of another process that may die",
+           sessions(S, U, victim=1), quick=False),
     Config("session, read, pause+resume", sessions(S, R, P), quick=False),
     Config("session, session, pause+resume", sessions(S, S, P), quick=False),
     Config("session, read, pause+resume; the session's process may die",
@@ -221,6 +224,18 @@ MUTANTS: Dict[str, Mutant] = {
     "RECOVER_MARK_LATE": Mutant(fixed(P, U, P, victim=1),
                                 "recovery marks a dead updater's data suspect only after "
                                 "clearing its claim: a resume in between opens the gate"),
+    "EXPIRE_NO_RECHECK": Mutant(sessions(S, S),
+                                "an expiry takes the token without checking that it is "
+                                "pinned: it ends a session whose pinner has not set PINNED "
+                                "yet, which then stays pinned for ever (found in review)"),
+    "END_CLEARS_ALWAYS": Mutant(sessions(S, U, victim=1),
+                                "a normal session end clears the suspect mark without "
+                                "comparing counts: a lost update call inside the session "
+                                "is forgotten (found in review)", quick=False),
+    "RESUME_NO_WRITER_PROBE": Mutant(pair(P, W, victim=1),
+                                     "resume opens the gate beside a granted writer that "
+                                     "died, before its reclaim marks the data (found in "
+                                     "review)"),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "

@@ -37,8 +37,8 @@
 #endif
 
 /* The state word, bit for bit as in csrc/core/internal.h, with an EPOCH_BITS-bit epoch
- * (C: 15 bits).  EPOCH_BITS=1 lets a few claims wrap the epoch around
- * while one reader waits, which 15 bits do after 32,768 claims. */
+ * (C: 14 bits since layout 3).  EPOCH_BITS=1 lets a few claims wrap the epoch around
+ * while one reader waits, which 14 bits do after 16,384 claims. */
 #ifndef EPOCH_BITS
 #define EPOCH_BITS 2
 #endif
@@ -173,8 +173,14 @@ byte sess_count;
 byte g_session;
 /* Ghost: the protected data is half-written: an update holder died, or a
  * session expired, and no exclusive section has completed since.  No
- * unforced resume may open the gate then. */
+ * unforced resume may open the gate then (update holds and sessions pin the
+ * pause, so resume waits for their end or reclaim). */
 bool g_half;
+/* Ghost: the same for a write holder that died.  A write hold does not pin
+ * the pause, and its death is in no word resume reads, so a writer that
+ * dies while a resume decides can be missed; what holds is that no unforced
+ * resume that began after the death opens the gate (it reclaims first). */
+bool g_half_w;
 byte g_half_seq;            /* ghost: half-write events so far */
 byte g_claim_admits[NP];    /* reads admitted while this process's claim drained */
 
@@ -260,9 +266,16 @@ inline probe(p) {
 #ifndef MUTANT_RECOVER_MARK_LATE
         /* [model:RECOVER_MARK] a granted hold's data is suspect, marked
          * before the claim is cleared */
-        atomic { if :: OWNER(st) == p + 1 && (st & GRANTED) -> suspect = 1; marks++ :: else fi }
+        atomic {
+            /* held, not only claimed (C: exclusive_pid names the holder; a
+             * claim still draining wrote nothing) */
+            if :: OWNER(st) == p + 1 && (st & GRANTED) &&
+                  (g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE) -> suspect = 1; marks++
+               :: else fi
+        }
 #else
-        atomic { got = (OWNER(st) == p + 1 && (st & GRANTED)) };
+        atomic { got = (OWNER(st) == p + 1 && (st & GRANTED) &&
+                        (g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE)) };
 #endif
         /* [model:RECOVER_CLAIM] */
         atomic {
@@ -729,7 +742,7 @@ inline release_excl() {
 #endif
         /* ghost: a whole update done outside any session, begun after the
          * last half-write, rewrote the data */
-        if :: my_half == g_half_seq -> g_half = 0 :: else fi;
+        if :: my_half == g_half_seq -> g_half = 0; g_half_w = 0 :: else fi;
         phase_ended()
     }
     if :: cleared -> atomic { wake_state() } :: else fi;
@@ -752,11 +765,25 @@ inline pause() {
 inline resume(force) {
     timed_out = 0;
     do
-    :: atomic { s = st }
+    :: atomic { s = st; w_at_look = g_half_w }
        if
-       :: !(s & PAUSED) -> g_pausing[me] = 0; s = 0; break
+       :: !(s & PAUSED) -> g_pausing[me] = 0; s = 0; w_at_look = 0; break
        :: (s & PAUSED) && (s & RESUME_PINS) -> parked(); wait_state(s)
        :: (s & PAUSED) && !(s & RESUME_PINS) ->
+#ifndef MUTANT_RESUME_NO_WRITER_PROBE
+           /* [model:RESUME_PROBE_WRITER] a granted write hold does not pin the
+            * pause, but a dead holder must mark the data before the gate
+            * opens: probe (reclaim) it; the CAS below then fails if it did */
+           if
+           :: OWNER(s) > 0 && OWNER(s) != me + 1 && (s & GRANTED) ->
+               writer = OWNER(s) - 1; probe(writer); writer = 0
+           :: else
+           fi;
+#endif
+           if
+           :: force -> atomic { suspect = 0; g_half = 0; g_half_w = 0; w_at_look = 0 }   /* [model:RESUME_FORCE_UNMARK] */
+           :: else
+           fi;
 #ifndef MUTANT_RESUME_IGNORES_SUSPECT
            atomic { cas_ok = suspect && !force };   /* [model:RESUME_SUSPECT] */
 #endif
@@ -770,9 +797,8 @@ inline resume(force) {
                    for (i : 0 .. NP - 1) { assert(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
                    i = 0;
                    assert(g_session == 0);                /* never inside a session */
-                   assert(force || !g_half);              /* never on half-written data */
+                   assert(force || (!g_half && !w_at_look));   /* never on half-written data */
                    st = s & ~(PAUSED | SLEEPERS);
-                   if :: force -> suspect = 0; g_half = 0 :: else fi;
                    cas_ok = 1; g_pausing[me] = 0
                :: else -> cas_ok = 0
                fi
@@ -827,8 +853,12 @@ inline session_end() {
         assert(g_session == mytoken);               /* an end ends its own session only */
         cas_ok = 0;
         atomic {   /* [model:SESSION_UNMARK] a completed session rewrote the data */
+#ifndef MUTANT_END_CLEARS_ALWAYS
             if :: suspect && marks == sess_marks -> suspect = 0 :: else fi;
-            if :: g_half_seq == g_sess_half -> g_half = 0 :: else fi
+#else
+            suspect = 0;                            /* the bug: marks since its begin too */
+#endif
+            if :: g_half_seq == g_sess_half -> g_half = 0; g_half_w = 0 :: else fi
         }
         unpin()
     :: else
@@ -840,7 +870,7 @@ inline session_end() {
 
 #define RESET_LOCALS \
     kind = 0; s = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0; old_epoch = 0; mytoken = 0; \
-    phase = 0; xkind = 0; again = 0; mymarks = 0; my_half = 0; \
+    phase = 0; xkind = 0; again = 0; mymarks = 0; my_half = 0; w_at_look = 0; \
     claim_epoch = 0; watched = 0; got = 0; timed_out = 0; gone = 0; changed = 0; admitted = 0; \
     was_last = 0; cas_ok = 0; i = 0; k = 0; lim = 0
 
@@ -924,7 +954,10 @@ inline die() {
     alive[me] = 0; freed[me] = 1; deaths++; seq_same[me] = 0;
 #endif
     if :: g_pausing[me] -> g_stuck_pause = 1; g_pausing[me] = 0 :: else fi;
-    if :: g_hold[me] == KIND_UPDATE -> g_half = 1; g_half_seq++ :: else fi;   /* died mid-update */
+    /* died mid-update, or mid-write: the data may be half-written */
+    if :: g_hold[me] == KIND_UPDATE -> g_half = 1; g_half_seq++
+       :: g_hold[me] == KIND_WRITE -> g_half_w = 1; g_half_seq++
+       :: else fi;
     asleep[me] = 0; on_drain[me] = 0; watching[me] = 0;
     k = 0;                                  /* k: how many watch us */
     for (i : 0 .. NW - 1) { if :: IS_WATCHER(i, me) -> k++ :: else fi }
@@ -944,7 +977,8 @@ proctype user(byte me) {
     byte registered;        /* bit p: counted in rwait[2 * me + p] */
     bool changed, timed_out, admitted, was_last, claimed, granted_now, cas_ok;
     bool cleared, gone;
-    byte my_epoch, old_epoch, claim_epoch, mytoken, phase, xkind, mymarks, my_half;
+    byte my_epoch, old_epoch, claim_epoch, mytoken, phase, xkind, mymarks, my_half, writer;
+    bool w_at_look;
     bool again;
 #if MAXDEATHS > 0
     /* A death may strike before any step.  The reaper's signal is a
@@ -994,7 +1028,8 @@ end_reaper:
  * taken only when such a pause is left. */
 active proctype operator() {
     int s;
-    byte i, k, got, watched, me;
+    byte i, k, got, watched, me, writer;
+    bool w_at_look;
     bool changed, timed_out, cas_ok, cleared, gone;
     int armed;
     me = NP;    /* not a slot of the lock: never equal to an owner */
@@ -1011,19 +1046,52 @@ end_operator:
 active proctype expirer() {
     byte i;
     bool cleared;
+    byte t;
+    bool pinned_now, cas_ok;
 end_expirer:
-    atomic {   /* [model:SESSION_CLAIM_EXPIRE] */
-        (st & PINNED) && IS_SESSION_TOKEN(sess_token) -> sess_token = EXPIRING_BY(NP)
-    };
+    do
+    /* [model:SESSION_EXPIRE_LOOK] PINNED seen set (the C loads the token
+     * next; the guard also waits for a session token, so that an expirer
+     * with nothing to do blocks instead of spinning: a spin would hide a
+     * deadlock from the search) */
+    :: atomic { (st & PINNED) && IS_SESSION_TOKEN(sess_token) -> skip };
+       atomic { t = sess_token };                /* [model:SESSION_EXPIRE_TOKEN] */
+       if
+       :: IS_SESSION_TOKEN(t) ->
+           atomic {   /* [model:SESSION_CLAIM_EXPIRE] the token CAS */
+               if :: sess_token == t -> sess_token = EXPIRING_BY(NP); cas_ok = 1
+                  :: else -> cas_ok = 0 fi
+           }
+           if
+           :: cas_ok ->
+#ifndef MUTANT_EXPIRE_NO_RECHECK
+               /* [model:SESSION_EXPIRE_RECHECK] the PINNED seen may have been
+                * the last session's, this token a new one not pinned yet:
+                * give it back */
+               atomic { pinned_now = (st & PINNED) != 0 };
+#else
+               pinned_now = 1;
+#endif
+               if
+               :: !pinned_now ->
+                   atomic { if :: sess_token == EXPIRING_BY(NP) -> sess_token = t :: else fi };
+                   cas_ok = 0; t = 0
+               :: else ->
 #ifndef MUTANT_EXPIRE_MARKS_LATE
-    atomic { suspect = 1; marks++ };             /* [model:SESSION_MARK] */
+                   atomic { suspect = 1; marks++ };  /* [model:SESSION_MARK] */
 #endif
-    atomic { g_half = 1; g_half_seq++ };         /* the session did not complete */
-    unpin();
+                   atomic { g_half = 1; g_half_seq++ };  /* the session did not complete */
+                   unpin();
 #ifdef MUTANT_EXPIRE_MARKS_LATE
-    atomic { suspect = 1; marks++ };             /* the bug: marked after the unpin */
+                   atomic { suspect = 1; marks++ };  /* the bug: marked after the unpin */
 #endif
-    skip
+                   break                             /* one expiry per run */
+               fi
+           :: else -> t = 0
+           fi
+       :: else -> t = 0
+       fi
+    od
 }
 #endif
 

@@ -64,7 +64,9 @@ static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot
     out->self_slot = -1;
     int64_t now = mono_ns();
     if (s & ST_PINNED) {
-        out->session_token = atomic_load_explicit(&hd->session_token, memory_order_acquire);
+        uint64_t t = atomic_load_explicit(&hd->session_token, memory_order_acquire);
+        /* a token word being ended (its top bit: session.c) names no session */
+        out->session_token = (t >> 63) ? 0 : t;
         out->session_pid = atomic_load_explicit(&hd->session_pid, memory_order_relaxed);
         out->session_began_ns = atomic_load_explicit(&hd->session_began_ns, memory_order_relaxed);
         out->session_remaining_ns =
@@ -179,7 +181,7 @@ int shl_is_paused(shl_lock *h)
 
 uint32_t shl_load_state(shl_lock *h)
 {
-    if (enter(h) != SHL_OK)
+    if (enter(&h) != SHL_OK)
         return 0;
     uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
     leave(h);

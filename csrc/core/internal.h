@@ -9,9 +9,12 @@
  * owns which invariant):
  *
  *   protocol.c  the state word: read admission (the Dekker handshake),
- *               exclusive claims and their drain, phase fairness, pause and
- *               resume, releases.  Its head comment is the protocol; read
- *               it first.
+ *               exclusive claims and their drain, phase fairness, releases.
+ *               Its head comment is the protocol; read it first.
+ *   gate.c      the pause gate: pause, resume, what pins and what refuses.
+ *   session.c   update sessions (a pin owned by a token) and fences.
+ *   handles.c   this process's handles: tokens, recycling, the open list.
+ *   layouts.c   segments of other layout versions (upgrades).
  *   wait.c      sleeping: futexes on the state word and the drain counter,
  *               the death watch on the processes waited for, and the
  *               blocking calls (try, sleep, retry).
@@ -25,7 +28,7 @@
  *               boundary where shared memory is untrusted input.
  *   lease.c     the host lease and its watchdog thread (cluster agent).
  *   info.c      introspection: snapshots of an attached lock, and
- *               observers that map a segment read-only.
+ *               observers that read copies of a segment.
  *   watcher.c   the asyncio watcher: one GIL-free thread per lock and
  *               process that wakes event loops through eventfds.
  */
@@ -59,6 +62,7 @@
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
 #define SHL_LAYOUT  3u                   /* 2: slot.pidns; 3: sessions, PINNED, fences */
+_Static_assert(SHL_LAYOUT == SHL_LAYOUT_VERSION, "shmlock.h names the layout");
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
 #define ST_OWNER     0x00000FFFu
@@ -178,18 +182,24 @@ struct shl_lock {
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
                                        or EXCL_IN_SESSION (claimed while PINNED) */
+    int32_t no_slot;                /* SHL_OPEN_NO_SLOT: an operator's handle */
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
-    /* Calls inside the core on this handle (low 29 bits), H_SWEEP, H_CLOSING and
-     * H_CLOSED.  See enter(): close() starts only by moving this word from
-     * 0 to H_CLOSING. */
-    _Atomic uint32_t inflight;
-    struct shl_lock *next_handle;   /* g_handles: every handle ever opened */
+    /* The handle's generation (high 32 bits: a token names exactly one),
+     * H_CLOSED, H_CLOSING and the calls inside the core on it (low 30
+     * bits).  See enter(): close() starts only by moving this word from
+     * (generation, 0) to (generation, H_CLOSING). */
+    _Atomic uint64_t inflight;
+    /* handles.c: where it sits in the table, and the open or free list it
+     * is on (under g_handles_mu). */
+    uint32_t index;
+    struct shl_lock *prev, *next;
 };
 
 #define H_CLOSED  0x80000000u
 #define H_CLOSING 0x40000000u     /* close() is deciding; callers wait it out */
-#define H_SWEEP   0x20000000u     /* the lease watchdog is looking (see lease_sweep) */
+#define H_COUNT   0x3FFFFFFFu
+#define H_GEN(v)  ((uint32_t)((uint64_t)(v) >> 32))
 
 /* ========================================================== small tools */
 
@@ -258,41 +268,90 @@ static inline int32_t owner_index(const shl_lock *h, uint32_t s)
     return owner_slot(s, h->max);
 }
 
+/* ============================================================ handles */
+
+/*
+ * What a caller holds is not the handle's address but a token: the
+ * handle's table index + 1 in the low 32 bits and its generation in the
+ * high 32 (handles.c).  Closed handles are recycled, each time with a new
+ * generation, so a call through a token of a closed handle (a thread that
+ * loaded it before another thread closed the object) finds a generation
+ * that is not its own and gets SHL_ECLOSED: it can never act on the lock a
+ * recycled handle now serves.  The table's chunks are never freed, so
+ * resolving a token is safe whatever it holds.
+ */
+#define HANDLE_CHUNK_SHIFT 8
+#define HANDLE_CHUNK       (1u << HANDLE_CHUNK_SHIFT)
+#define HANDLE_CHUNKS      4096      /* 1,048,576 handles open at once */
+_Static_assert(sizeof(void *) == 8, "tokens are 64-bit: index and generation");
+
+#pragma GCC visibility push(hidden)
+extern _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
+#pragma GCC visibility pop
+
+static inline uint32_t token_gen(const shl_lock *token)
+{
+    return (uint32_t)((uintptr_t)token >> 32);
+}
+
+/* The handle a token names (of whatever generation), or NULL. */
+static inline shl_lock *handle_of(const shl_lock *token)
+{
+    uint32_t i = (uint32_t)(uintptr_t)token;
+    if (i == 0 || ((i - 1) >> HANDLE_CHUNK_SHIFT) >= HANDLE_CHUNKS)
+        return NULL;
+    i -= 1;
+    /* acquire: pairs with the release that published the chunk. */
+    shl_lock *c = atomic_load_explicit(&g_handle_chunks[i >> HANDLE_CHUNK_SHIFT],
+                                       memory_order_acquire);
+    return c ? &c[i & (HANDLE_CHUNK - 1)] : NULL;
+}
+
 /* ==================================================== in-flight bracket */
 
 /*
  * Every public entry point that reads the handle's mapping brackets its work
  * with enter()/leave(), and close() starts only by moving h->inflight from
- * 0 to H_CLOSING.  Both are read-modify-writes of one word, so in its
- * modification order each enter() either comes first (close() sees a count
- * and refuses with SHL_EINFLIGHT) or later: the call backs out without
- * touching the segment, and either returns SHL_ECLOSED (H_CLOSED) or waits
- * the few loads that close() needs to decide (H_CLOSING) and tries again.
- * close() leaves H_CLOSING by read-modify-writes only, so the transient
- * increments of callers that back out are never overwritten.
+ * (generation, 0) to (generation, H_CLOSING).  enter() resolves the
+ * caller's token and counts the call by a CAS that compares the whole word,
+ * the generation included, so in the word's modification order each
+ * enter() either comes first (close() sees a count and refuses with
+ * SHL_EINFLIGHT) or later: it finds H_CLOSED or another generation and
+ * returns SHL_ECLOSED without touching the segment, or it waits the few
+ * loads that close() needs to decide (H_CLOSING) and tries again.  A call
+ * that fails never changes the word.
  *
- * Orders: enter() is acquire, so nothing the call does to the mapping is
- * performed before its increment; leave() is release, and close()'s CAS is
- * acquire and reads the value the last leave() wrote (every RMW on the word
- * continues the release sequence), so every access of a finished call
+ * Orders: enter()'s CAS is acquire, so nothing the call does to the mapping
+ * is performed before its increment; leave() is release, and close()'s CAS
+ * is acquire and reads the value the last leave() wrote (every RMW on the
+ * word continues the release sequence), so every access of a finished call
  * happens before the munmap.  The word is process-private: the cost is one
  * uncontended RMW pair per call (the fast read path already does a seq_cst
  * RMW on the shared slot).
+ *
+ * enter(&h) replaces the token in h by the handle it names.
  */
-static inline int enter(shl_lock *h)
+static inline int enter(shl_lock **hp)
 {
+    uint32_t gen = token_gen(*hp);
+    shl_lock *h = handle_of(*hp);
     if (h == NULL)
         return SHL_ECLOSED;   /* Python passes NULL once the object is closed */
+    uint64_t v = atomic_load_explicit(&h->inflight, memory_order_relaxed);
     for (;;) {
-        uint32_t n = atomic_fetch_add_explicit(&h->inflight, 1, memory_order_acquire);
-        if (__builtin_expect((n & (H_CLOSED | H_CLOSING)) == 0, 1))
-            return SHL_OK;
-        atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_relaxed);
-        if (n & H_CLOSED)
+        if (__builtin_expect(H_GEN(v) != gen || (v & H_CLOSED), 0))
             return SHL_ECLOSED;
-        /* close() is deciding: a handful of loads, never a wait. */
-        while (atomic_load_explicit(&h->inflight, memory_order_relaxed) & H_CLOSING)
+        if (__builtin_expect(v & H_CLOSING, 0)) {
+            /* close() is deciding: a handful of loads, never a wait. */
             sched_yield();
+            v = atomic_load_explicit(&h->inflight, memory_order_relaxed);
+            continue;
+        }
+        if (__builtin_expect(atomic_compare_exchange_weak_explicit(
+                &h->inflight, &v, v + 1, memory_order_acquire, memory_order_relaxed), 1)) {
+            *hp = h;
+            return SHL_OK;
+        }
     }
 }
 
@@ -301,12 +360,13 @@ static inline void leave(shl_lock *h)
     atomic_fetch_sub_explicit(&h->inflight, 1, memory_order_release);
 }
 
-/* The body of a public entry point: `call` runs as one call in flight on h
+/* The body of a public entry point whose handle parameter is h: `call`
+ * runs as one call in flight, with h the handle the caller's token names
  * (enter/leave above), and its result is returned; a closed handle returns
  * SHL_ECLOSED without running it. */
 #define RUN_IN_FLIGHT(h, call)               \
     do {                                     \
-        int in_flight_r_ = enter(h);         \
+        int in_flight_r_ = enter(&(h));      \
         if (in_flight_r_ == SHL_OK) {        \
             in_flight_r_ = (call);           \
             leave(h);                        \
@@ -318,8 +378,16 @@ static inline void leave(shl_lock *h)
 
 #pragma GCC visibility push(hidden)
 
-/* process.c: this process's attachments, handles and fork generation. */
-extern _Atomic(shl_lock *) g_handles;    /* every handle ever opened, newest first */
+/* handles.c: the table of this process's handles, the open list. */
+shl_lock *handle_new(void);              /* a zeroed handle, not yet open (or NULL) */
+shl_lock *handle_publish(shl_lock *h);   /* open it: on the open list; its token */
+void handle_retire(shl_lock *h);         /* closed: off the open list, recycled */
+void handle_discard(shl_lock *h);        /* never published: recycled */
+typedef int (*handle_visit)(shl_lock *h, void *arg);
+int handles_sweep(handle_visit fn, void *arg, int *open);   /* open handles, under the lock */
+void handles_after_fork(void);
+
+/* process.c: this process's attachments and fork generation. */
 extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child */
 void core_init(void);                    /* once per process: the fork handler */
 int reattach(shl_lock *h);               /* ensure_attached's slow path */
@@ -347,7 +415,16 @@ int session_expire(shl_lock *h);         /* 1 if it ended an expired session */
 void session_recover(shl_lock *h, uint32_t i);
 int do_try(shl_lock *h, shl_waiter *w);
 void do_cancel(shl_lock *h, shl_waiter *w);
+int do_release_exclusive(shl_lock *h, int kind);   /* a handle, not a token */
+void wake_drainers(shl_lock *h);
+int excl_is_this_thread(shl_lock *h, const shl_waiter *w);
+void wait_on_state(shl_waiter *w, uint32_t s);
+
+/* gate.c: the pause gate. */
 int do_pause(shl_lock *h);
+int try_resume(shl_lock *h, shl_waiter *w);
+int try_wait_unpinned(shl_lock *h, shl_waiter *w);
+int try_wait_resumed(shl_lock *h, shl_waiter *w);
 
 /* wait.c: sleeping with a death watch, and the blocking loop. */
 int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
@@ -355,6 +432,9 @@ int collect_watch_set(shl_lock *h, int32_t *watch, int cap);
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns);
 uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed);
+
+/* layouts.c: segments of other layout versions. */
+int other_layout_users(int fd, size_t size, uint32_t *layout, uint32_t *pid);
 
 /* segment.c: header validation, shared with read-only observers. */
 size_t layout_size(uint32_t max);
@@ -369,11 +449,25 @@ void wd_after_fork(void);
 
 #pragma GCC visibility pop
 
+/* This process's current slot in h, or -1 (not attached, or the parent's
+ * slot in a forked child that has not re-attached yet).  For code that
+ * does not attach (the lease watchdog): fork generation first, then the
+ * slot, as ensure_attached reads them. */
+static inline int32_t attached_slot(shl_lock *h)
+{
+    if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+        atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
+        return -1;
+    return __atomic_load_n(&h->self, __ATOMIC_RELAXED);
+}
+
 /* Every entry point starts here.  After fork() the child holds nothing and
  * owns no slot; it takes one of its own on first use (reattach).  Inline:
  * the read fast path passes through it on every call. */
 static inline int ensure_attached(shl_lock *h)
 {
+    if (h->no_slot)
+        return SHL_OK;          /* an operator's handle never takes a slot */
     if (__builtin_expect(h != NULL &&
                          atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                              atomic_load_explicit(&g_fork_gen, memory_order_relaxed)

@@ -3,7 +3,7 @@
  *
  * A nonzero lease_deadline_ns at the end of the header is a CLOCK_MONOTONIC
  * deadline the agent renews.  One lease watchdog thread per attached
- * process walks g_handles (inside H_SWEEP, its own in-flight mark) and
+ * process walks the open handles (handles.c) and
  * pauses, with the ordinary pause step, every segment whose deadline has
  * passed; shl_open does the same check; the stale reset (slots.c) keeps a
  * pause while a lease is armed.  Admission and the read fast path never
@@ -16,8 +16,8 @@
 
 /* Host lease watchdog (docs/DESIGN.md, "Beyond one host"): one thread per
  * process, started by the first attachment (open, or a forked child's
- * re-attachment), signals blocked like the keepers.  It walks g_handles
- * (skipping closed handles through the in-flight word, see lease_sweep) and
+ * re-attachment), signals blocked like the keepers.  It walks the open
+ * handles (see lease_sweep) and
  * pauses any segment whose host lease has passed.  Wake-ups: every
  * LEASE_POLL_NS while some open segment has a lease armed, every
  * LEASE_IDLE_NS while handles are open but none is armed (to notice one
@@ -31,7 +31,7 @@ static int g_wd_started;                /* under g_wd_mu; 0 again in a forked ch
 static uint64_t g_wd_gen;               /* under g_wd_mu; bumped by wd_kick */
 
 /* Pause h's gate if its host lease has passed.  Returns 1 when a lease is
- * armed.  The caller keeps the mapping alive (an in-flight count, H_SWEEP,
+ * armed.  The caller keeps the mapping alive (an in-flight count, the sweep,
  * or a handle not yet published by shl_open).  This is only a use of the
  * existing pause step (do_pause, the model's PAUSE_SET): a pause may be taken by
  * any process at any moment, so admission, the model and the read fast path
@@ -53,35 +53,28 @@ int lease_check(shl_lock *h)
     return 1;
 }
 
+/* One open handle, for the sweep: pause it if its lease has passed, and
+ * end its update session if that has expired.  1 if a lease is armed. */
+static int sweep_one(shl_lock *h, void *arg)
+{
+    (void)arg;
+    int armed = lease_check(h);
+    /* An update session past its deadline ends here at the latest (within
+     * one LEASE_IDLE_NS of it), whoever else is around. */
+    session_expire(h);
+    return armed;
+}
+
 /*
- * One sweep over every handle this process ever opened (g_handles: handles
- * are never freed, so the walk is safe without a lock).  A handle is looked
- * at only inside H_SWEEP, the watchdog's own in-flight mark, taken by the
- * same kind of RMW as enter(): if the add finds H_CLOSED or H_CLOSING the
- * handle is skipped (its segment is, or may soon be, unmapped); otherwise
- * close()'s CAS from 0 fails until the mark is dropped, and close() waits
- * for it (a few loads and at most one pause) instead of refusing, so a user
- * close never fails because the watchdog happened to look.  acquire/release
- * as for enter()/leave().  Sets *open to the number of open handles seen;
+ * One sweep over the handles open now (handles.c keeps them on a list, and
+ * holds its lock while the sweep looks, so close() takes a handle off the
+ * list, and unmaps it, only between two sweeps).  The cost follows the
+ * locks open now, not the ones ever opened.  Sets *open to their number;
  * returns 1 if some open segment has a lease armed.
  */
 static int lease_sweep(int *open)
 {
-    int armed = 0;
-    *open = 0;
-    for (shl_lock *h = atomic_load_explicit(&g_handles, memory_order_acquire); h;
-         h = h->next_handle) {
-        uint32_t n = atomic_fetch_add_explicit(&h->inflight, H_SWEEP, memory_order_acquire);
-        if (!(n & (H_CLOSED | H_CLOSING))) {
-            (*open)++;
-            armed |= lease_check(h);
-            /* An update session past its deadline ends here at the latest
-             * (within one LEASE_IDLE_NS of it), whoever else is around. */
-            session_expire(h);
-        }
-        atomic_fetch_sub_explicit(&h->inflight, H_SWEEP, memory_order_release);
-    }
-    return armed;
+    return handles_sweep(sweep_one, NULL, open);
 }
 
 static void *watchdog_main(void *arg)
@@ -98,7 +91,7 @@ static void *watchdog_main(void *arg)
         ns_to_timespec(next, &ts);
         pthread_mutex_lock(&g_wd_mu);
         /* Nothing open: sleep until an attachment kicks us (wd_kick bumps
-         * g_wd_gen after the handle is on g_handles, so a handle published
+         * g_wd_gen after the handle is on the open list, so a handle published
          * after this sweep began is never missed). */
         while (open == 0 && g_wd_gen == gen)
             pthread_cond_wait(&g_wd_cv, &g_wd_mu);

@@ -1,7 +1,7 @@
 /*
  * process.c - this process's side of the core: the keeper threads that hold
  * its slot mutexes (so a slot looks dead exactly when the process is dead),
- * the list of every handle it opened, attaching a handle to a slot (and
+ * attaching a handle to a slot (and
  * raising the slots' high-water mark), and fork().
  *
  * Crash safety starts here.  Every process keeps its slot's robust mutex
@@ -66,11 +66,6 @@ static size_t k_nheld, k_capheld;
  * is reset in a forked child like the keeper's mutexes: a thread that held
  * it at fork() does not exist in the child. */
 static pthread_mutex_t g_reattach_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* Every handle this process ever opened, newest first.  Handles are never
- * freed (see shl_close), so the list only grows, by a CAS on the head: a
- * fork() at any moment leaves the child a well-formed list. */
-_Atomic(shl_lock *) g_handles;
 
 _Atomic uint64_t g_fork_gen;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -241,14 +236,10 @@ static void after_fork_in_child(void)
     wd_after_fork();        /* the parent's watchdog is not here either */
     k_started = 0;
     k_req = k_done = 0;
-    /* The parent's threads that were inside a call (or sweeping: H_SWEEP)
-     * do not exist here: their in-flight counts would make close() refuse
-     * forever.  Closed stays closed. */
-    for (shl_lock *x = atomic_load_explicit(&g_handles, memory_order_relaxed); x;
-         x = x->next_handle)   /* (a close that was deciding: its thread is gone too) */
-        atomic_store_explicit(&x->inflight,
-                              atomic_load_explicit(&x->inflight, memory_order_relaxed) & H_CLOSED,
-                              memory_order_relaxed);
+    /* The parent's threads that were inside a call (or deciding a close) do
+     * not exist here: their in-flight counts would make close() refuse
+     * forever.  Closed stays closed; the open list is rebuilt. */
+    handles_after_fork();
     atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
 }
 
@@ -301,7 +292,7 @@ static int attach_slot(shl_lock *h)
         atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
         atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
         atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
-        h->self = (int32_t)i;
+        __atomic_store_n(&h->self, (int32_t)i, __ATOMIC_RELAXED);   /* the watchdog reads it */
         atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
                               memory_order_release);
         return SHL_OK;
@@ -322,7 +313,7 @@ int reattach(shl_lock *h)
             atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
-        h->self = -1;
+        __atomic_store_n(&h->self, -1, __ATOMIC_RELAXED);
         /* An attached process always has a lease watchdog (a forked child
          * gets its own here): no watchdog, no attachment. */
         r = wd_start();

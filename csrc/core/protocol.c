@@ -1,8 +1,9 @@
 /*
  * protocol.c - the pyshmlock protocol: every decision made on the shared
  * state word.  Read admission, exclusive claims and their drain, phase
- * fairness, pause and resume, and the releases.  Sleeping is wait.c's; a
- * dead process's leftovers are reclaimed by slots.c.
+ * fairness, and the releases; the pause gate's own steps are gate.c's and
+ * update sessions session.c's.  Sleeping is wait.c's; a dead process's
+ * leftovers are reclaimed by slots.c.
  *
  * ======================================================================
  *  Protocol overview (docs/DESIGN.md has the long form and the proofs)
@@ -61,7 +62,7 @@
  * GRANTED, and an owed reader enters E' while it is still draining (not
  * GRANTED, not PAUSED) whenever it is registered under that parity (or
  * E' != its epoch).  Entry never depends on epoch equality alone: the
- * 15-bit epoch wraps (2^15 claims under a pause can pass one waiting
+ * 14-bit epoch wraps (2^14 claims under a pause can pass one waiting
  * reader), and a claim that waits for a reader always lets it in.  So a
  * reader waits through at most one exclusive phase (two if it registered
  * too late for a claim's count; pauses excepted); a writer waits through at most the
@@ -149,7 +150,7 @@ static uint64_t sum_owed(shl_lock *h, uint32_t parity)
 }
 
 /* Clear DRAINERS and wake the drain sleepers, if there are any. */
-static void wake_drainers(shl_lock *h)
+void wake_drainers(shl_lock *h)
 {
     struct shl_header *hd = h->hdr;
     /* seq_cst load: in a release this load follows the seq_cst decrement of
@@ -179,7 +180,7 @@ static void wake_drainers(shl_lock *h)
  * or a later grantee, never the thread of an older hold.  With both loads
  * relaxed, arm64 could pair a new grant's held_excl with the previous
  * holder's excl_thread: a false SHL_EDEADLK for the previous holder. */
-static int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
+int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
 {
     return !w->shared_thread &&
            atomic_load_explicit(&h->held_excl, memory_order_acquire) != 0 &&
@@ -199,7 +200,7 @@ static void withdraw_owed(shl_lock *h, shl_waiter *w)
     wake_drainers(h);
 }
 
-static void wait_on_state(shl_waiter *w, uint32_t s)
+void wait_on_state(shl_waiter *w, uint32_t s)
 {
     w->on_drain = 0;
     w->expect = s;
@@ -225,7 +226,7 @@ static int try_read(shl_lock *h, shl_waiter *w)
      * (epoch - 1) & 1; see drain_for_exclusive) or it came later than the
      * phase we queued behind.  The first test alone decides liveness: a
      * claim that waits for us always lets us in, so no epoch value, however
-     * often the 15-bit epoch wrapped during our wait, can make it wait for a
+     * often the 14-bit epoch wrapped during our wait, can make it wait for a
      * reader that refuses to enter.  The epoch comparison alone could (a
      * wrap makes a later claim look like ours).  The second test only lets
      * us in sooner. */
@@ -377,95 +378,6 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
     return drain_for_exclusive(h, w);
 }
 
-/* May a resume open the gate now, apart from updates and sessions?  A
- * suspect lock stays shut unless forced; a lock under a host lease is the
- * cluster agent's to open (its agent resumes as manager).  flags is
- * loaded after the state word that showed no pin or update: the suspect
- * mark is set before the CAS that clears an update claim or a pin
- * (recover_slot, session_expire), so that CAS, which our seq_cst load
- * read from, carries the mark with it. */
-static int resume_allowed(shl_lock *h, const shl_waiter *w)
-{
-    struct shl_header *hd = h->hdr;
-    if (w->flags & SHL_RESUME_FORCE)
-        return SHL_OK;
-    if (atomic_load_explicit(&hd->flags, memory_order_relaxed) & FLAG_DATA_SUSPECT) /* [model:RESUME_SUSPECT] */
-        return SHL_ESUSPECT;
-    if (!(w->flags & SHL_RESUME_MANAGER) &&
-        atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) != 0)
-        return SHL_EMANAGED;
-    return SHL_OK;
-}
-
-/* Wait while an update or a session pins the pause (an expired session is
- * ended on the way).  SHL_OK: nothing pins it (state in *sp). */
-static int wait_for_pins(shl_lock *h, shl_waiter *w, uint32_t *sp)
-{
-    uint32_t s = *sp;
-    while ((s & ST_PINNED) && session_expire(h))
-        s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
-    *sp = s;
-    if (s & ST_PINNED) {
-        wait_on_state(w, s);
-        return SHL_AGAIN;
-    }
-    if (s & ST_UPDATE) {
-        int32_t o = owner_index(h, s);
-        if (o == -2)
-            return SHL_ECORRUPT;
-        if (o == h->self && excl_is_this_thread(h, w))
-            return SHL_EDEADLK;
-        wait_on_state(w, s);
-        return SHL_AGAIN;
-    }
-    return SHL_OK;
-}
-
-static int try_resume(shl_lock *h, shl_waiter *w)
-{
-    struct shl_header *hd = h->hdr;
-    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-    for (;;) {
-        if (!(s & ST_PAUSED))
-            return SHL_OK;
-        int r = wait_for_pins(h, w, &s);
-        if (r == SHL_OK)
-            r = resume_allowed(h, w);
-        if (r != SHL_OK)
-            return r;
-        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
-        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                  memory_order_seq_cst)) /* [model:RESUME_CLEAR] */
-            break;
-    }
-    atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
-    if (w->flags & SHL_RESUME_FORCE)   /* the caller vouches for the data */
-        atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
-    if (s & ST_SLEEPERS)
-        futex_wake_all(&hd->state);
-    return SHL_OK;
-}
-
-static int try_wait_unpinned(shl_lock *h, shl_waiter *w)
-{
-    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
-    while ((s & ST_PINNED) && session_expire(h))
-        s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
-    if (!(s & ST_PINNED))
-        return SHL_OK;
-    wait_on_state(w, s);
-    return SHL_AGAIN;
-}
-
-static int try_wait_resumed(shl_lock *h, shl_waiter *w)
-{
-    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
-    if (!(s & ST_PAUSED))
-        return SHL_OK;
-    wait_on_state(w, s);
-    return SHL_AGAIN;
-}
-
 static int try_wait_drained(shl_lock *h, shl_waiter *w)
 {
     uint32_t seq = atomic_load_explicit(&h->hdr->drain_seq, memory_order_seq_cst);
@@ -482,6 +394,9 @@ int do_try(shl_lock *h, shl_waiter *w)
     int r = ensure_attached(h);
     if (r != SHL_OK)
         return r;
+    /* An operator's handle has no slot to count a hold in. */
+    if (h->no_slot && w->kind >= SHL_KIND_READ && w->kind <= SHL_KIND_UPDATE)
+        return SHL_EINVAL;
     switch (w->kind) {
     case SHL_KIND_READ:     return try_read(h, w);
     case SHL_KIND_WRITE:
@@ -527,7 +442,7 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
 {
     /* A closed handle carries no registration: close refuses while any
      * attempt of ours is registered or claims. */
-    if (enter(h) != SHL_OK)
+    if (enter(&h) != SHL_OK)
         return;
     do_cancel(h, w);
     leave(h);
@@ -566,7 +481,7 @@ int shl_release_read(shl_lock *h)
     RUN_IN_FLIGHT(h, do_release_read(h));
 }
 
-static int do_release_exclusive(shl_lock *h, int kind)
+int do_release_exclusive(shl_lock *h, int kind)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -606,32 +521,6 @@ static int release_exclusive(shl_lock *h, int kind)
 
 int shl_release_write(shl_lock *h)  { return release_exclusive(h, SHL_KIND_WRITE); }
 int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDATE); }
-
-int do_pause(shl_lock *h)
-{
-    struct shl_header *hd = h->hdr;
-    uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
-    for (;;) {
-        if (s & ST_PAUSED)
-            return 0;
-        /* seq_cst: pairs with try_read's increment-then-load; a reader whose
-         * load comes later in the total order sees PAUSED. */
-        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PAUSED,
-                                                  memory_order_seq_cst, memory_order_relaxed)) /* [model:PAUSE_SET] */
-            break;
-    }
-    atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);
-    atomic_store_explicit(&hd->paused_at_ns, real_ns(), memory_order_relaxed);
-    atomic_fetch_add_explicit(&hd->pause_count, 1, memory_order_relaxed);
-    /* An update that waits for readers proceeds under the pause. */
-    wake_drainers(h);
-    return 1;
-}
-
-int shl_pause(shl_lock *h)
-{
-    RUN_IN_FLIGHT(h, do_pause(h));
-}
 
 static int do_is_locked(shl_lock *h)
 {

@@ -9,11 +9,12 @@
  * max_processes is kept in the private handle: no later index is taken from
  * the segment unchecked.
  *
- * Handles.  A handle (shl_lock) is process-private.  Every entry point
- * counts itself in h->inflight (enter/leave, internal.h); shl_close refuses
- * with SHL_EINFLIGHT while a call is in flight or an attempt of this
- * process is still registered or claims, and a closed handle is never
- * freed, so a late call through a stale pointer gets SHL_ECLOSED.
+ * Handles.  A handle (shl_lock) is process-private, named by a token
+ * (handles.c).  Every entry point counts itself in h->inflight (enter/leave,
+ * internal.h); shl_close refuses with SHL_EINFLIGHT while a call is in
+ * flight or an attempt of this process is still registered or claims, and
+ * a closed handle is recycled under a new generation, so a late call
+ * through a stale token gets SHL_ECLOSED.
  */
 #include "internal.h"
 
@@ -263,16 +264,17 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
     return r;
 }
 
+static int unlink_exactly(const char *name, const struct stat *probed);
+
 /* Make the handle for a mapped, validated segment: take a slot, apply a
- * lease that has already passed, and publish it on g_handles. */
+ * lease that has already passed, and publish it (handles.c); *out is its
+ * token. */
 static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const struct stat *st,
-                      shl_lock **out)
+                      int no_slot, shl_lock **out)
 {
-    shl_lock *h = calloc(1, sizeof *h);
-    if (!h) {
-        errno = ENOMEM;
+    shl_lock *h = handle_new();
+    if (!h)
         return SHL_ESYS;
-    }
     h->hdr = hd;
     h->slots = (struct shl_slot *)(hd + 1);
     h->map_size = size;
@@ -280,25 +282,24 @@ static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const st
     h->self = -1;
     h->dev = (uint64_t)st->st_dev;
     h->ino = (uint64_t)st->st_ino;
+    h->no_slot = no_slot;
     int r = ensure_attached(h);
     if (r != SHL_OK) {
-        free(h);
+        handle_discard(h);
         return r;
     }
     /* A segment whose host lease has already passed (its host's agent died
      * with every process) is paused before this open returns, so the caller
      * can admit nothing.  The handle is not published yet: no enter(). */
     lease_check(h);
-    /* Publish for after_fork_in_child and the watchdog; release: a forked
-     * child and the watchdog walk a fully written entry. */
-    h->next_handle = atomic_load_explicit(&g_handles, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(&g_handles, &h->next_handle, h,
-                                                  memory_order_release, memory_order_relaxed)) {
-    }
+    *out = handle_publish(h);
     wd_kick();
-    *out = h;
     return SHL_OK;
 }
+
+static int open_once(const char *name, const char *path, uint32_t flags, uint32_t mode,
+                     int64_t group, uint32_t max_processes, shl_lock **out,
+                     shl_open_info *info);
 
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info)
@@ -308,15 +309,40 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     *out = NULL;
     memset(info, 0, sizeof *info);
     if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
-        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED)))
+        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT)))
         return SHL_EINVAL;
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     core_init();
     snprintf(path, sizeof path, "/pyshmlock.%s", name);
 
-    int created;
-    int fd = open_name(path, create, mode, &created);
+    for (int attempt = 0;; attempt++) {
+        int r = open_once(name, path, flags, mode, group, max_processes, out, info);
+        if (r != SHL_EVERSION || !create || info->live != 0 || attempt >= 4)
+            return r;
+        /* An upgrade: the segment of another layout is unused (every
+         * process of the old release stopped).  Remove exactly it and open
+         * again (creating it anew); a segment someone replaced meanwhile is
+         * looked at afresh. */
+        struct stat old = {0};
+        old.st_dev = (dev_t)info->dev;
+        old.st_ino = (ino_t)info->ino;
+        if (unlink_exactly(name, &old) < 0 && errno != ENOENT)
+            return SHL_ESYS;
+        memset(info, 0, sizeof *info);
+        info->replaced = 1;
+    }
+}
+
+/* One open: create the segment or open the existing one, and make the
+ * handle.  On SHL_EVERSION, info names the other layout and its users. */
+static int open_once(const char *name, const char *path, uint32_t flags, uint32_t mode,
+                     int64_t group, uint32_t max_processes, shl_lock **out,
+                     shl_open_info *info)
+{
+    (void)name;
+    int created, replaced = info->replaced;
+    int fd = open_name(path, (flags & SHL_OPEN_CREATE) != 0, mode, &created);
     if (fd < 0)
         return SHL_ESYS;
     struct shl_header *hd = NULL;
@@ -326,6 +352,9 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     int r = created ? create_segment(fd, path, mode, group, max_processes,
                                      (flags & SHL_OPEN_FAIL_CLOSED) != 0, &hd, &size)
                     : open_existing(fd, mode, group, info, &hd, &size, &max);
+    if (r == SHL_EVERSION)
+        info->live = (uint32_t)other_layout_users(fd, (size_t)info->size, &info->layout,
+                                                  &info->live_pid);
     if (r == SHL_OK && fstat(fd, &st) != 0)
         r = SHL_ESYS;
     int e = errno;
@@ -334,30 +363,29 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     if (r == SHL_OK) {
         fill_info(info, &st);
         info->created = created;
-        r = new_handle(hd, size, max, &st, out);
+        info->replaced = replaced;
+        info->max_processes = max;
+        r = new_handle(hd, size, max, &st, (flags & SHL_OPEN_NO_SLOT) != 0, out);
     }
     if (r != SHL_OK && hd)
         munmap(hd, size);
     return r;
 }
 
-int shl_close(shl_lock *h)
+int shl_close(shl_lock *token)
 {
+    shl_lock *h = handle_of(token);
     if (h == NULL)
         return SHL_ECLOSED;
-    /* Take the handle from 0 calls in flight to H_CLOSING, or refuse (see
-     * enter()).  acquire: every finished call's accesses to the mapping
-     * happen before the checks and the munmap below. */
-    uint32_t n = 0;
-    while (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, H_CLOSING,
-                                                    memory_order_acquire, memory_order_relaxed)) {
-        if (n != H_SWEEP)
-            return (n & H_CLOSED) ? SHL_ECLOSED : SHL_EINFLIGHT;
-        /* Only the lease watchdog is looking (lease_sweep): it never waits
-         * for anything, so wait it out rather than refuse. */
-        sched_yield();
-        n = 0;
-    }
+    /* Take the handle from (its generation, 0 calls in flight) to H_CLOSING,
+     * or refuse (see enter()).  acquire: every finished call's accesses to
+     * the mapping happen before the checks and the munmap below. */
+    uint64_t open = (uint64_t)token_gen(token) << 32;
+    uint64_t n = open;
+    if (!atomic_compare_exchange_strong_explicit(&h->inflight, &n, open | H_CLOSING,
+                                                 memory_order_acquire, memory_order_relaxed))
+        return (H_GEN(n) != token_gen(token) || (n & H_CLOSED)) ? SHL_ECLOSED
+                                                                : SHL_EINFLIGHT;
     int ours = h->self >= 0 &&
                atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                    atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
@@ -378,27 +406,22 @@ int shl_close(shl_lock *h)
     }
     if (r != SHL_OK) {
         /* open again (release: our loads above stay before any new call) */
-        atomic_fetch_and_explicit(&h->inflight, ~H_CLOSING, memory_order_release);
+        atomic_store_explicit(&h->inflight, open, memory_order_release);
         return r;
     }
-    /* H_CLOSING -> H_CLOSED in one RMW (bit 30 + bit 30 carries into bit 31),
-     * keeping the transient counts of callers that are backing out. */
-    atomic_fetch_add_explicit(&h->inflight, H_CLOSED - H_CLOSING, memory_order_relaxed);
+    /* No call can be counted meanwhile (enter() waits while H_CLOSING is
+     * set, and a failed enter() never changes the word). */
+    atomic_store_explicit(&h->inflight, open | H_CLOSED, memory_order_release);
     if (ours) {
         struct shl_slot *me = &h->slots[h->self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
         keeper_call(KEEP_UNLOCK, &me->owner);
     }
-    munmap(h->hdr, h->map_size);
-    /* The handle itself is never freed nor reused: another thread may have
-     * loaded the pointer before close() and call in later (cffi drops the
-     * GIL before the C function runs); it then finds H_CLOSED.  Recycling
-     * the memory would let such a call act on another lock (ABA).  The
-     * cost is sizeof(shl_lock) bytes per close for the life of the
-     * process. */
-    h->hdr = NULL;
-    h->slots = NULL;
-    h->self = -1;
+    /* Off the open list, unmapped, recycled under a new generation: a
+     * thread that loaded the token before close() and calls in later (cffi
+     * drops the GIL before the C function runs) finds H_CLOSED or another
+     * generation, never the lock the recycled handle serves next. */
+    handle_retire(h);
     return SHL_OK;
 }
 
@@ -506,13 +529,22 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
             r = SHL_EPERM;   /* probing locks its mutexes: only our own segments */
         else
             r = map_existing(fd, &hd, &size, &max, &expected);
+        uint32_t layout, pid;
+        if (r == SHL_EVERSION) {
+            /* Another release's lock: removed like ours when nobody uses it
+             * (judged through the layout-independent prefix, layouts.c). */
+            *attached = (uint32_t)other_layout_users(fd, (size_t)st.st_size, &layout, &pid);
+            r = SHL_OK;
+        }
         int e = errno;
         close(fd);
         errno = e;
         if (r != SHL_OK)
             return r;
-        *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-        munmap(hd, size);
+        if (hd) {
+            *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+            munmap(hd, size);
+        }
         if (*attached)
             return SHL_EBUSY;
         r = unlink_exactly(name, &st);

@@ -61,11 +61,13 @@ static void unpin(shl_lock *h)
         futex_wake_all(&h->hdr->state);
 }
 
-/* Take the ending of session `token`: 1 if this caller ends it now. */
-static int claim_ending(shl_lock *h, uint64_t token, int expiring)
+/* Take the ending of session `token` in the name of slot `self` (this
+ * process's, current: a dead owner's recovery goes by it): 1 if this caller
+ * ends it now. */
+static int claim_ending(shl_lock *h, uint64_t token, int32_t self, int expiring)
 {
     return atomic_compare_exchange_strong_explicit(&h->hdr->session_token, &token,
-                                                   ENDING(h->self, expiring),
+                                                   ENDING(self, expiring),
                                                    memory_order_seq_cst, memory_order_relaxed);
 }
 
@@ -79,16 +81,35 @@ static int claim_ending(shl_lock *h, uint64_t token, int expiring)
 int session_expire(shl_lock *h)
 {
     struct shl_header *hd = h->hdr;
-    if (!(atomic_load_explicit(&hd->state, memory_order_seq_cst) & ST_PINNED))
+    /* Only a handle attached in this process may take an ending: its slot
+     * names it, and a dead owner's recovery goes by that slot.  (A forked
+     * child's inherited handle still carries its parent's slot until it
+     * re-attaches; another process expires the session meanwhile.) */
+    int32_t self = attached_slot(h);
+    if (self < 0)
+        return 0;
+    if (!(atomic_load_explicit(&hd->state, memory_order_seq_cst) & ST_PINNED)) /* [model:SESSION_EXPIRE_LOOK] */
         return 0;
     /* acquire: pairs with session_pin's release store of the token, so
      * the deadline read is that session's (written before the token). */
-    uint64_t token = atomic_load_explicit(&hd->session_token, memory_order_acquire);
+    uint64_t token = atomic_load_explicit(&hd->session_token, memory_order_acquire); /* [model:SESSION_EXPIRE_TOKEN] */
     int64_t d = atomic_load_explicit(&hd->session_deadline_ns, memory_order_relaxed);
     if (token == 0 || (token & TOKEN_ENDING) || mono_ns() < d)
         return 0;
-    if (!claim_ending(h, token, 1))   /* [model:SESSION_CLAIM_EXPIRE] */
+    if (!claim_ending(h, token, self, 1))   /* [model:SESSION_CLAIM_EXPIRE] */
         return 1;                    /* ended (or expired) by someone else meanwhile */
+    /* The PINNED we saw may have been the previous session's: this token
+     * may be a new session's whose pinner has written it and not set
+     * PINNED yet (a ttl shorter than that gap).  Then it is not ours to
+     * end: give the token back, and the next look expires it once pinned.
+     * PINNED cannot be cleared meanwhile (only the ending's owner, us,
+     * clears it), so seeing it set now means the session is pinned. */
+    if (!(atomic_load_explicit(&hd->state, memory_order_seq_cst) & ST_PINNED)) { /* [model:SESSION_EXPIRE_RECHECK] */
+        uint64_t mine = ENDING(self, 1);
+        atomic_compare_exchange_strong_explicit(&hd->session_token, &mine, token,
+                                                memory_order_seq_cst, memory_order_relaxed);
+        return 0;
+    }
     mark_suspect(h);   /* [model:SESSION_MARK] */
     unpin(h);
     atomic_fetch_add_explicit(&hd->session_expiries, 1, memory_order_relaxed);
@@ -105,13 +126,13 @@ void session_recover(shl_lock *h, uint32_t i)
 {
     struct shl_header *hd = h->hdr;
     uint64_t t = atomic_load_explicit(&hd->session_token, memory_order_seq_cst);
-    if (!(t & TOKEN_ENDING) || (t & TOKEN_SLOT_MASK) != i)
+    if (!(t & TOKEN_ENDING) || (t & TOKEN_SLOT_MASK) != i)   /* [model:RECOVER_SESSION] */
         return;
     /* PINNED, read before the token is taken back: if set, it is the pin
      * i owed to clear (a new pin writes its token before it sets PINNED,
      * and no other process clears a pin it does not own the ending of). */
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-    if (!atomic_compare_exchange_strong_explicit(&hd->session_token, &t, 0, /* [model:RECOVER_SESSION] */
+    if (!atomic_compare_exchange_strong_explicit(&hd->session_token, &t, 0,
                                                  memory_order_seq_cst, memory_order_relaxed))
         return;   /* a new session's token replaced it: i's end had completed */
     if (!(s & ST_PINNED))
@@ -180,9 +201,14 @@ static int do_session_end(shl_lock *h, uint64_t token)
     int r = ensure_attached(h);   /* our slot names the ending */
     if (r != SHL_OK)
         return r;
+    if (h->self < 0)
+        return SHL_EINVAL;        /* an operator's handle has no slot to name it */
+    /* Only the pinner had the token before PINNED was set, and it returns
+     * the token after setting it: a caller's token names a pinned session,
+     * or an ended one (then the CAS fails). */
     if (token == 0 || (token & TOKEN_ENDING) ||
         !(atomic_load_explicit(&h->hdr->state, memory_order_seq_cst) & ST_PINNED) ||
-        !claim_ending(h, token, 0))   /* [model:SESSION_CLAIM_END] */
+        !claim_ending(h, token, h->self, 0))   /* [model:SESSION_CLAIM_END] */
         return SHL_ENOSESSION;
     /* The session completed: it rewrote the data, unless a mark was made
      * since it began (a lost update call, say). */
@@ -212,7 +238,7 @@ static int session_begin_once(shl_lock *h, int64_t ttl_ns, int64_t deadline, uin
     if (r != SHL_OK)
         return r;
     r = do_session_pin(h, ttl_ns, token);
-    int rr = shl_release_update(h);
+    int rr = do_release_exclusive(h, SHL_KIND_UPDATE);
     return r != SHL_OK ? r : rr;
 }
 

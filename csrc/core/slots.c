@@ -134,16 +134,20 @@ void recover_slot(shl_lock *h, uint32_t i)
     uint32_t what = 0;
 
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    /* Held, not only claimed: grant_exclusive names the holder's pid in the
+     * header before the hold is used (a claim still draining for readers
+     * has GRANTED set but wrote nothing). */
+    int held = atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == pid && pid != 0;
     while (owner_of(s) == i + 1) {   /* [model:RECOVER_CLAIM] */
         uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
-        if (s & ST_GRANTED)
+        if ((s & ST_GRANTED) && held)
             /* Mark suspect before the hold is released, so that whoever is
              * granted next already sees the mark, and a resume that sees the
              * update gone sees it too (seq_cst like the CAS it precedes). */
             mark_suspect(h);   /* [model:RECOVER_MARK] */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                   memory_order_seq_cst)) {
-            if (!(s & ST_GRANTED))
+            if (!(s & ST_GRANTED) || !held)
                 what |= SHL_LOST_CLAIM;
             else
                 what |= (s & ST_UPDATE) ? SHL_LOST_UPDATE : SHL_LOST_WRITE;

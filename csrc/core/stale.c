@@ -58,15 +58,16 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
                 return 0;
         /* An update claim pins the pause; a live claimant was seen above, a
          * dead one was reclaimed (and changed the word). */
+        /* Every process that used the lock is gone, and so is whatever
+         * half-written state it kept in memory: the restarted service
+         * starts from its own data, not from a suspect one.  (Data that
+         * outlives the processes needs stale="keep".)  Cleared before the
+         * CAS that opens the gate, so a mark made after it stays. */
+        unmark_suspect(h, FLAG_MARKS(atomic_load_explicit(&hd->flags, memory_order_relaxed)));
         uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
         if (atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                     memory_order_seq_cst)) {
             atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);
-            /* Every process that used the lock is gone, and so is whatever
-             * half-written state it kept in memory: the restarted service
-             * starts from its own data, not from a suspect one.  (Data that
-             * outlives the processes needs stale="keep".) */
-            atomic_fetch_and_explicit(&hd->flags, ~FLAG_DATA_SUSPECT, memory_order_relaxed);
             record_recovery(h, dead_pauser, SHL_LOST_PAUSE, 0, 0);
             /* A process that attached after our scan may already sleep for
              * the resume: it set SLEEPERS, which would have failed our CAS,

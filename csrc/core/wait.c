@@ -155,8 +155,10 @@ int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t 
                                      ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
     if (deadline_ns >= 0 && deadline_ns < until)
         until = deadline_ns;
-    struct shl_slot *me = &h->slots[h->self];
-    atomic_fetch_add_explicit(&me->waiting, 1, memory_order_relaxed);
+    /* An operator's handle (no slot) sleeps uncounted. */
+    struct shl_slot *me = h->self >= 0 ? &h->slots[h->self] : NULL;
+    if (me)
+        atomic_fetch_add_explicit(&me->waiting, 1, memory_order_relaxed);
     int probe = 0;
     int outcome = -1;
     if (atomic_load_explicit(&g_have_waitv, memory_order_relaxed))
@@ -167,7 +169,8 @@ int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t 
         outcome = futex_wait_until(words[0], vals[0], until < cap ? until : cap);
         probe = outcome == ETIMEDOUT;
     }
-    atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_relaxed);
+    if (me)
+        atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_relaxed);
     if (probe)
         for (int k = 0; k < nwatch; k++)
             probe_slot(h, (uint32_t)watch[k]);

@@ -87,8 +87,8 @@ static void *watcher_main(void *arg)
     /* The thread is a call in flight on h for as long as it runs, so that
      * shl_close refuses (SHL_EINFLIGHT) instead of unmapping under it; the
      * binding stops the watcher (shl_watcher_free) before it closes. */
-    int entered = enter(h) == SHL_OK;
-    struct shl_header *hd = h->hdr;
+    int entered = enter(&h) == SHL_OK;
+    struct shl_header *hd = entered ? h->hdr : NULL;
     int64_t idle_since = mono_ns();
     pthread_mutex_lock(&wt->mu);
     if (!entered)
@@ -213,10 +213,11 @@ int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen)
 {
     if (wt == NULL || wt->h == NULL)
         return SHL_ECLOSED;
-    int r = enter(wt->h);   /* the reads of the segment below are a call */
+    shl_lock *h = wt->h;
+    int r = enter(&h);   /* the reads of the segment below are a call */
     if (r != SHL_OK)
         return r;
-    struct shl_header *hd = wt->h->hdr;
+    struct shl_header *hd = h->hdr;
     int kick = 0;
     pthread_mutex_lock(&wt->mu);
     if (wt->closing) {
@@ -253,7 +254,7 @@ int shl_watcher_park(shl_watcher *wt, const shl_waiter *w, uint64_t *gen)
         }
     }
     pthread_mutex_unlock(&wt->mu);
-    leave(wt->h);
+    leave(h);
     if (r == SHL_OK && kick)
         watcher_kick(wt);
     return r;

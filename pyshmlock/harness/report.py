@@ -6,6 +6,8 @@ import platform
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .footprint import footprint
+from .footprint import rows as footprint_rows
 from .recovery import kill_to_recovery
 from .starvation import writer_starvation
 from .throughput import read_throughput
@@ -49,6 +51,8 @@ def run(quick: bool = False, out: Callable[[str], None] = print) -> Dict[str, An
     res["pause_to_wake"] = pause_to_wake(counts, rounds)
     out("  kill-to-recovery ...")
     res["kill_to_recovery"] = kill_to_recovery(rec_rounds)
+    out("  process footprint after many opens ...")
+    res["footprint"] = footprint(*((200, 5_000, 0.5) if quick else (200, 200_000, 2.0)))
     return res
 
 
@@ -93,6 +97,7 @@ def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
         ratio = f"{r['median_us'] / base:.1f}x pyshmlock writer" if base else "-"
         rows.append(("kill-to-recovery", key, f"median {r['median_us']:.0f} us, "
                      f"max {r['max_us']:.0f} us", ratio))
+    rows.extend(footprint_rows(res.get("footprint", {})))
     from .._table import format_table
     head = ("section", "case", "figure", "ratio")
     grouped, last = [], None

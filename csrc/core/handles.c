@@ -1,0 +1,202 @@
+/*
+ * handles.c - this process's handles: the table that tokens index, each
+ * handle's generation, the list of open handles, and recycling.
+ *
+ * A handle (struct shl_lock) is process-private: one attachment to one
+ * segment.  Callers hold a token, not its address (internal.h, "handles"):
+ * index + 1 and generation.  A closed handle goes on the free list and the
+ * next open reuses it with the next generation, so what the process keeps
+ * depends on the locks open now, not on how many were ever opened, and a
+ * late call through a token of a closed handle finds another generation
+ * and gets SHL_ECLOSED.  The table grows in chunks of HANDLE_CHUNK handles
+ * that are never freed: resolving any token is safe.
+ *
+ * g_handles_mu guards the two lists and the growth of the table.  It is a
+ * leaf lock: nothing is called under it that takes another lock (the lease
+ * watchdog's sweep runs its visit under it: a pause, a session expiry, both
+ * atomic operations on the segment).  In a forked child the lists are
+ * rebuilt from the table (handles_after_fork), whatever a thread of the
+ * parent was doing with them.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+
+_Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
+
+static pthread_mutex_t g_handles_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint32_t g_nchunks;            /* chunks allocated (under the mutex) */
+static shl_lock g_open;               /* the open list's head (a ring) */
+static shl_lock *g_free;              /* the free list (through next) */
+static uint32_t g_nopen;
+
+static void ring_init(void)
+{
+    if (g_open.next == NULL)
+        g_open.next = g_open.prev = &g_open;
+}
+
+static void ring_insert(shl_lock *h)
+{
+    h->next = g_open.next;
+    h->prev = &g_open;
+    g_open.next->prev = h;
+    g_open.next = h;
+    g_nopen++;
+}
+
+static void ring_remove(shl_lock *h)
+{
+    h->prev->next = h->next;
+    h->next->prev = h->prev;
+    h->prev = h->next = NULL;
+    g_nopen--;
+}
+
+static void free_push(shl_lock *h)
+{
+    h->next = g_free;
+    g_free = h;
+}
+
+/* A new chunk of closed handles of generation 0 (which no token names), on
+ * the free list.  Caller holds the mutex.  0, or -1 (no memory, or table
+ * full) with errno set. */
+static int grow(void)
+{
+    if (g_nchunks >= HANDLE_CHUNKS) {
+        errno = EMFILE;
+        return -1;
+    }
+    shl_lock *c = calloc(HANDLE_CHUNK, sizeof *c);
+    if (c == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    for (uint32_t i = HANDLE_CHUNK; i-- > 0;) {
+        c[i].index = g_nchunks * HANDLE_CHUNK + i;
+        atomic_store_explicit(&c[i].inflight, H_CLOSED, memory_order_relaxed);
+        free_push(&c[i]);
+    }
+    /* release: whoever resolves a token into this chunk sees it built. */
+    atomic_store_explicit(&g_handle_chunks[g_nchunks], c, memory_order_release);
+    g_nchunks++;
+    return 0;
+}
+
+/* A free handle with every field but its in-flight word (still H_CLOSED, of
+ * its last generation) and index cleared; NULL with errno set. */
+shl_lock *handle_new(void)
+{
+    pthread_mutex_lock(&g_handles_mu);
+    ring_init();
+    shl_lock *h = NULL;
+    if (g_free != NULL || grow() == 0) {
+        h = g_free;
+        g_free = h->next;
+    }
+    pthread_mutex_unlock(&g_handles_mu);
+    if (h == NULL)
+        return NULL;
+    /* A late caller may be reading h->inflight (it finds H_CLOSED): only the
+     * fields before it are cleared here. */
+    memset(h, 0, offsetof(struct shl_lock, inflight));
+    h->prev = h->next = NULL;
+    h->self = -1;
+    return h;
+}
+
+/* Open h under its next generation and put it on the open list; returns
+ * the token that names it. */
+shl_lock *handle_publish(shl_lock *h)
+{
+    uint32_t gen = H_GEN(atomic_load_explicit(&h->inflight, memory_order_relaxed)) + 1;
+    if (gen == 0)
+        gen = 1;          /* generation 0 names no handle */
+    /* release: a call that resolves the token (acquire CAS) sees the
+     * fields written before; the mutex publishes it to the watchdog. */
+    atomic_store_explicit(&h->inflight, (uint64_t)gen << 32, memory_order_release);
+    pthread_mutex_lock(&g_handles_mu);
+    ring_insert(h);
+    pthread_mutex_unlock(&g_handles_mu);
+    return (shl_lock *)(uintptr_t)(((uint64_t)gen << 32) | (h->index + 1));
+}
+
+/* h is H_CLOSED: take it off the open list (the watchdog then never looks
+ * at it again), unmap it, and recycle it. */
+void handle_retire(shl_lock *h)
+{
+    pthread_mutex_lock(&g_handles_mu);
+    ring_remove(h);
+    pthread_mutex_unlock(&g_handles_mu);
+    munmap(h->hdr, h->map_size);
+    h->hdr = NULL;
+    h->slots = NULL;
+    h->self = -1;
+    pthread_mutex_lock(&g_handles_mu);
+    free_push(h);
+    pthread_mutex_unlock(&g_handles_mu);
+}
+
+/* h came from handle_new and was never published. */
+void handle_discard(shl_lock *h)
+{
+    pthread_mutex_lock(&g_handles_mu);
+    free_push(h);
+    pthread_mutex_unlock(&g_handles_mu);
+}
+
+/* Call fn(h, arg) for every open handle, under the mutex (close waits to
+ * take a handle off the list, so its mapping stays while fn runs).  Sets
+ * *open to their number; returns the OR of what fn returned. */
+int handles_sweep(handle_visit fn, void *arg, int *open)
+{
+    int r = 0;
+    *open = 0;
+    pthread_mutex_lock(&g_handles_mu);
+    ring_init();
+    for (shl_lock *h = g_open.next; h != &g_open; h = h->next) {
+        if (atomic_load_explicit(&h->inflight, memory_order_acquire) & H_CLOSED)
+            continue;      /* closed, about to be retired */
+        (*open)++;
+        r |= fn(h, arg);
+    }
+    pthread_mutex_unlock(&g_handles_mu);
+    return r;
+}
+
+/*
+ * In a forked child only the forking thread exists: the parent's threads
+ * that were inside a call (their in-flight counts), deciding a close
+ * (H_CLOSING), or using the lists are gone.  Counts and H_CLOSING are
+ * dropped (closed stays closed) and the lists rebuilt from the table.
+ */
+void handles_after_fork(void)
+{
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    g_handles_mu = fresh;
+    g_open.next = g_open.prev = &g_open;
+    g_free = NULL;
+    g_nopen = 0;
+    for (uint32_t k = 0; k < g_nchunks; k++) {
+        shl_lock *c = atomic_load_explicit(&g_handle_chunks[k], memory_order_relaxed);
+        for (uint32_t i = 0; c && i < HANDLE_CHUNK; i++) {
+            uint64_t v = atomic_load_explicit(&c[i].inflight, memory_order_relaxed) &
+                         ~(uint64_t)(H_COUNT | H_CLOSING);
+            atomic_store_explicit(&c[i].inflight, v, memory_order_relaxed);
+            if (H_GEN(v) != 0 && !(v & H_CLOSED))
+                ring_insert(&c[i]);
+            else
+                free_push(&c[i]);
+        }
+    }
+}
+
+void shl_handle_stats(uint32_t *open, uint32_t *allocated)
+{
+    pthread_mutex_lock(&g_handles_mu);
+    *open = g_nopen;
+    *allocated = g_nchunks * HANDLE_CHUNK;
+    pthread_mutex_unlock(&g_handles_mu);
+}

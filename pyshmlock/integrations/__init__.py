@@ -1,0 +1,2 @@
+"""Integrations of pyshmlock into other programs (imported lazily: each
+module needs its program installed, the package itself needs nothing)."""

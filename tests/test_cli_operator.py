@@ -1,0 +1,146 @@
+"""The `pyshmlock` command as an on-call operator meets it: the reason of a
+refusal is printed whole, the gate can be flipped on a lock whose slots are
+all taken, a full lock says which max_processes it has, STALE says what is
+left, a missing extra is one line, a bad name is a usage error.  Real
+subprocesses against real locks."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_cli_ops import run
+
+import pyshmlock
+
+pytestmark = pytest.mark.timeout(120)
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user")
+
+
+def as_nobody(code, *args):
+    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                    sys.executable, "-c", code, *args], check=True, timeout=30, cwd="/",
+                   env=dict(os.environ, PYTHONPATH=os.path.dirname(
+                       os.path.dirname(pyshmlock.__file__))))
+
+
+@needs_root
+def test_a_refusal_names_the_owner_the_mode_and_the_fix(lock_name):
+    as_nobody("import pyshmlock, sys; pyshmlock.RWLock(sys.argv[1], mode=0o644).close()",
+              lock_name)
+    for cmd in (["pause", lock_name], ["resume", lock_name], ["rm", lock_name]):
+        p = run(*cmd)
+        assert p.returncode == 1, p
+        assert "uid 65534 (nobody)" in p.stderr and "0644" in p.stderr, p.stderr
+    p = run("status", lock_name)           # observing needs only read permission
+    assert p.returncode == 0 and "paused        no" in p.stdout, p.stderr
+
+
+def test_pause_and_resume_work_on_a_lock_whose_slots_are_all_taken(lock_name):
+    lk = pyshmlock.RWLock(lock_name, max_processes=1)
+    try:
+        p = run("pause", lock_name)
+        assert p.returncode == 0 and "paused" in p.stdout, p.stderr
+        assert lk.paused
+        p = run("resume", lock_name)
+        assert p.returncode == 0 and "running" in p.stdout, p.stderr
+        assert not lk.paused
+        assert lk.info().attached_pids == [os.getpid()], "the CLI took a slot"
+    finally:
+        lk.close()
+
+
+def test_a_full_lock_names_its_max_processes_and_the_one_asked_for(lock_name):
+    lk = pyshmlock.RWLock(lock_name, max_processes=1)
+    try:
+        code = "import pyshmlock, sys; pyshmlock.RWLock(sys.argv[1], max_processes=8)"
+        p = subprocess.run([sys.executable, "-c", code, lock_name], capture_output=True,
+                           text=True, timeout=30)
+        assert "TooManyProcessesError" in p.stderr
+        assert "max_processes=1" in p.stderr and "max_processes=8" in p.stderr, p.stderr
+        assert "pyshmlock rm" in p.stderr
+    finally:
+        lk.close()
+
+
+def test_stale_says_what_is_left_and_what_the_next_opener_does(lock_name):
+    code = textwrap.dedent("""
+        import os, sys, pyshmlock
+        lk = pyshmlock.RWLock(sys.argv[1])
+        lk.acquire_read()
+        os._exit(0)          # dies holding a read: no pause left
+    """)
+    subprocess.run([sys.executable, "-c", code, lock_name], check=True, timeout=30)
+    p = run("status", lock_name)
+    stale = [ln for ln in p.stdout.splitlines() if "STALE" in ln]
+    assert stale and "holds or claims of dead pid" in stale[0], p.stdout
+    assert "clears the pause" not in stale[0], "it is not paused"
+    info = pyshmlock.inspect(lock_name)
+    assert info.stale and info.stale_left == ["holds of dead processes"]
+    code = textwrap.dedent("""
+        import os, sys, pyshmlock
+        lk = pyshmlock.RWLock(sys.argv[1]); lk.pause()
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", code, lock_name], check=True, timeout=30)
+    p = run("status", lock_name)
+    assert "a pause by pid" in p.stdout and "clears the pause" in p.stdout, p.stdout
+
+
+
+
+def _block(tmp_path, blocked):
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f'''
+        import sys
+        class _Missing:
+            def find_spec(self, name, path=None, target=None):
+                if any(name == b or name.startswith(b + ".") for b in {blocked!r}):
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+        sys.meta_path.insert(0, _Missing())
+    '''))
+    return dict(os.environ, PYTHONPATH=f"{tmp_path}:" + os.path.dirname(
+        os.path.dirname(pyshmlock.__file__)))
+
+
+def test_the_cluster_commands_need_no_extra(tmp_path):
+    """The cluster's etcd client is the standard library's: with httpx and
+    etcd3gw missing, `pyshmlock cluster` runs (an unreachable etcd is exit 3)."""
+    env = _block(tmp_path, ("httpx", "etcd3gw", "requests"))
+    p = subprocess.run([sys.executable, "-m", "pyshmlock", "cluster", "status", "--etcd",
+                        "http://127.0.0.1:1", "x", "--etcd-timeout", "0.5"],
+                       capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    assert p.returncode == 3 and "etcd unreachable" in p.stderr, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command,extra,blocked", [
+    (["demo"], "demo", "fastapi"),
+])
+def test_a_missing_extra_is_one_line_naming_it(tmp_path, command, extra, blocked):
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f'''
+        import sys
+        class _Missing:
+            """This interpreter lacks {blocked!r}, as a plain wheel would."""
+            def find_spec(self, name, path=None, target=None):
+                if name == {blocked!r} or name.startswith({blocked!r} + "."):
+                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+                return None
+        sys.meta_path.insert(0, _Missing())
+    '''))
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:" + os.path.dirname(
+        os.path.dirname(pyshmlock.__file__)))
+    p = subprocess.run([sys.executable, "-m", "pyshmlock", *command], capture_output=True,
+                       text=True, timeout=60, env=env, cwd="/")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"pip install 'pyshmlock[{extra}]'" in lines[0], p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["status", "pause", "resume", "rm", "watch"])
+def test_an_invalid_lock_name_is_a_usage_error(cmd):
+    p = run(cmd, "no/slashes")
+    assert p.returncode == 2 and "invalid lock name" in p.stderr, p.stderr
