@@ -69,6 +69,11 @@ class LeaseNotFound(EtcdError):
     """etcd no longer has the lease a request names."""
 
 
+#: The requests that change nothing in etcd (a lease's time-to-live query
+#: does not renew it): one that fails took no effect.
+READ_PATHS = frozenset({"/kv/range", "/lease/timetolive"})
+
+
 class _Retry(Exception):
     """One member failed in a way another member may not: try the next."""
 
@@ -248,7 +253,9 @@ class Etcd:
 
     def _fail(self, path: str, errors: List[_Retry], t0: float,
               deadline: float) -> BaseException:
-        maybe = any(e.maybe_applied for e in errors)
+        # A request that changes nothing (a read) took no effect, whatever
+        # happened to it on the way.
+        maybe = path not in READ_PATHS and any(e.maybe_applied for e in errors)
         last = errors[-1] if errors else None
         if errors and all(e.tls for e in errors[-len(self.urls):]):
             return CertificateError(
