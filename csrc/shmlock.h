@@ -74,6 +74,7 @@
 #define SHL_MAX_PROCESSES_LIMIT 4095
 #define SHL_LAYOUT_VERSION 3       /* the segment layout this core makes (CHANGELOG.md) */
 #define SHL_NAME_MAX 200
+#define SHL_PATH_MAX 256           /* room for shl_segment_path's longest answer */
 
 /* One process's attachment.  A shl_lock * is a token, never dereferenced:
  * it names one handle of this process until that handle is closed, and no
@@ -199,6 +200,12 @@ typedef struct shl_open_info {
  * it grants no group/other write bit beyond `mode`. */
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info);
+/* Where the lock `name` lives (the one name-to-path rule): the POSIX
+ * shared-memory object "/pyshmlock.<name>", the file
+ * "/dev/shm/pyshmlock.<name>" on Linux.  Writes the file's path (file != 0)
+ * or the object's name (file == 0) into buf; returns its length, or
+ * SHL_EINVAL for an invalid name or a buffer smaller than SHL_PATH_MAX. */
+int shl_segment_path(const char *name, int file, char *buf, uint32_t size);
 /* Bytes of a segment with room for max_processes processes (0 if out of
  * range): what a lock costs in /dev/shm. */
 uint64_t shl_segment_size(uint32_t max_processes);

@@ -34,10 +34,10 @@ static void observe_all(shl_observer *o)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char name[64], path[128];
+    static char name[64], path[SHL_PATH_MAX];
     if (!name[0]) {
         snprintf(name, sizeof name, "fuzz-%d", (int)getpid());
-        snprintf(path, sizeof path, "/dev/shm/pyshmlock.%s", name);
+        shl_segment_path(name, 1, path, sizeof path);
     }
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0)
