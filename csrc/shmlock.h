@@ -77,8 +77,9 @@
 #define SHL_PATH_MAX 256           /* room for shl_segment_path's longest answer */
 
 /* One process's attachment.  A shl_lock * is a token, never dereferenced:
- * it names one handle of this process until that handle is closed, and no
- * other afterwards (SHL_ECLOSED), even once the handle is reused. */
+ * it names one generation of one handle of this process; once closed,
+ * calls through it return SHL_ECLOSED while the handle is reused (see
+ * shl_close). */
 typedef struct shl_lock shl_lock;
 
 /*
@@ -213,9 +214,11 @@ uint64_t shl_segment_size(uint32_t max_processes);
 int shl_attach(shl_lock *h);
 /* Detach.  Refuses with SHL_EBUSY while this process holds anything, and
  * with SHL_EINFLIGHT while another thread is inside a call on h or an
- * attempt (asyncio) still has a registration or claim.  After SHL_OK every
- * call on h returns SHL_ECLOSED (or 0): the handle's memory stays valid for
- * the life of the process, so a thread that still has the pointer is safe. */
+ * attempt (asyncio) still has a registration or claim.  After SHL_OK a call
+ * through h returns SHL_ECLOSED (or an argument error checked first, or 0
+ * from the calls that return a value): h names a closed generation of its
+ * handle, which is reused under a new one (an old token would meet its own
+ * generation again only after 2^32 reuses of that handle). */
 int shl_close(shl_lock *h);
 /* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
  * are attached and force == 0.  Without force it looks inside the segment

@@ -18,6 +18,7 @@ if _platform.machine() not in ("x86_64", "aarch64", "arm64"):
         f"pyshmlock supports Linux on x86-64 and arm64; this machine is "
         f"{_platform.machine()!r}")
 
+from . import _built  # noqa: F401  (first: a checkout never built says so)
 from .aio import AsyncHold, AsyncRWLock
 from .errors import (
     CorruptSegmentError,

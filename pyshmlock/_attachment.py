@@ -68,7 +68,9 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     with _registry_lock:
         att = _registry.get(key) if key else None
         if att is not None:
-            return _share(att)
+            shared = _share_open(att)
+            if shared is not None:
+                return shared
     out = ffi.new("shl_lock **")
     info = ffi.new("shl_open_info *")
     flags = (lib.SHL_OPEN_CREATE if create else 0) | \
@@ -84,9 +86,14 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
             att.refs += 1
             return att
         # Another thread of this process opened the same segment meanwhile:
-        # keep its attachment, drop this handle.
-        lib.shl_close(out[0])
-        return _share(att)
+        # keep its attachment, drop this handle (unless it is a closed one).
+        shared = _share_open(att)
+        if shared is not None:
+            lib.shl_close(out[0])
+            return shared
+        att = _registry[key] = _Attachment(out[0], key, name)
+        att.refs += 1
+        return att
 
 
 def _attach_operator(name: str) -> _Attachment:
@@ -109,6 +116,19 @@ def _attach_operator(name: str) -> _Attachment:
 # a segment that grants group/other write only if this allows it, as a
 # default RWLock does.
 DEFAULT_OPERATOR_MODE = 0o600
+
+
+def _share_open(att: _Attachment) -> Optional[_Attachment]:
+    """_share(att), or None if att's handle is closed and att is dropped
+    from the registry (caller holds the registry lock): a forked child can
+    inherit the entry of an attachment another thread of its parent was
+    closing at the fork."""
+    try:
+        return _share(att)
+    except ValueError:            # SHL_ECLOSED: closed under the registry
+        if _registry.get(att.key) is att:
+            del _registry[att.key]
+        return None
 
 
 def _share(att: _Attachment) -> _Attachment:

@@ -245,9 +245,19 @@ class _Helper:
             raise MemoryError("pyshmlock: no memory for the asyncio watcher")
         self._gen = ffi.new("uint64_t *")
 
+    def forked(self) -> bool:
+        """Whether this helper is the parent's, seen in a forked child.  Its
+        watcher thread is not here and its C and Python mutexes may have
+        been held at the fork (by a thread the child does not have): the
+        child never calls into it, and retries or withdraws its tasks'
+        attempts without it."""
+        return os.getpid() != self.pid
+
     def park(self, p: _Parked) -> bool:
         """Register p (on p.loop's thread).  False: its word already changed,
         or this helper is closing; retry the attempt now."""
+        if self.forked():
+            return False
         with self.mu:
             if self.closed:
                 return False
@@ -312,6 +322,8 @@ class _Helper:
         # lw.parked changes only on the loop's thread (close() only reads it).
         if lw is None or lw.parked.pop(id(p), None) is None:
             return
+        if self.forked():
+            return       # the parent's watcher: not ours to touch (see forked)
         # The garbage collector reaches here: a task left parked on a closed
         # loop is a reference cycle, and its coroutine's `finally` runs
         # when the cycle is collected, which may happen at any allocation,
@@ -345,12 +357,7 @@ class _Helper:
         lw.parked = {}
         i = 0
         try:
-            with self.mu:
-                if not self.closed:
-                    gen = lib.shl_watcher_gen(self.watcher)
-                    for p in woken:
-                        if p.gen == gen:
-                            lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
+            self._forget_woken(woken)
             # Each task retries now, in this callback (nothing if it was
             # cancelled meanwhile).
             while i < len(woken):
@@ -365,6 +372,18 @@ class _Helper:
                 f = p.future
                 if f is not None and not f.done():
                     f.set_result(None)
+
+    def _forget_woken(self, woken: List[_Parked]) -> None:
+        # The registrations of this generation that the watcher still counts
+        # (those of older ones were forgotten when it woke everybody).
+        if self.forked():
+            return       # the parent's watcher: the tasks just retry
+        with self.mu:
+            if not self.closed:
+                gen = lib.shl_watcher_gen(self.watcher)
+                for p in woken:
+                    if p.gen == gen:
+                        lib.shl_watcher_unpark(self.watcher, p.waiter, p.gen)
 
     def _close_fd(self, box: _Fd) -> None:
         # The loop is gone (or forgets us): the watcher writes to fd no more.

@@ -139,7 +139,7 @@ class AsyncRWLock(_fastpath.AsyncLock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Any = None,
-                 stale: str = "reset", _fail_closed: bool = False) -> None:
+                 stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
         self._bind(RWLock(name, create=create, mode=mode, max_processes=max_processes,
                           group=group, stale=stale, _fail_closed=_fail_closed))
         self.name = name

@@ -436,11 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Commands that need an optional extra: command -> (extra, its modules).
+#: (`agent`, `cluster` and `cluster-demo` need none: the cluster's etcd
+#: client is the standard library's asyncio.)
 EXTRAS = {
     "demo": ("demo", ("fastapi", "uvicorn", "httpx")),
-    "agent": ("cluster", ("etcd3gw",)),
-    "cluster": ("cluster", ("etcd3gw",)),
-    "cluster-demo": ("cluster", ("etcd3gw",)),
 }
 
 

@@ -163,11 +163,22 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
 
 
 def managed_error(e: BaseException, lock: Any) -> ManagedLockError:
-    """The ManagedLockError of a refused resume, naming who holds the lease."""
+    """The ManagedLockError of a refused resume, naming who holds the lease
+    and, from the host setting the agent wrote, its cluster."""
+    from ._hostconf import read_setting
     info = ffi.new("shl_lease_info *")
+    who = ""
     if lib.shl_lease_get(lock._h, info) == lib.SHL_OK and info.pid:
-        return ManagedLockError(f"{e} (the lease is armed by pid {info.pid})")
-    return ManagedLockError(str(e))
+        who = f"the lease is armed by pid {info.pid}"
+    setting = read_setting(lock.name) or {}
+    cluster = setting.get("cluster")
+    if cluster:
+        etcd = setting.get("etcd")
+        urls = ",".join(etcd) if isinstance(etcd, list) else str(etcd or "URLS")
+        who += (", " if who else "") + (
+            f"the agent of cluster {cluster!r} (host {setting.get('host_id')!r}); open it with "
+            f"`pyshmlock cluster resume --etcd {urls} {cluster}`")
+    return ManagedLockError(f"{e} ({who})" if who else str(e))
 
 
 def _user(uid: int) -> str:

@@ -19,6 +19,7 @@ from ._args import check_name as check_name
 from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
 from ._attachment import _detach as _detach
 from ._fastpath import deadline_ns as deadline_ns
+from ._hostconf import fail_closed_for
 from ._shmlock import ffi, lib
 from .errors import (
     FencingError,
@@ -253,8 +254,10 @@ class RWLock(_fastpath.Lock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Union[int, str, None] = None,
-                 stale: str = "reset", _fail_closed: bool = False) -> None:
+                 stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
         check_name(name)
+        if _fail_closed is None:     # a cluster host's lock: the host setting says so
+            _fail_closed = bool(create) and fail_closed_for(name)
         gid = check_group(group)
         check_stale(stale)
         check_mode(mode)

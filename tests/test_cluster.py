@@ -37,16 +37,18 @@ def etcd():
 
 
 def test_harness_survives_leader_kill(etcd):
-    from pyshmlock.cluster._store import Store
-    s = Store(etcd.endpoints)
+    from pyshmlock.cluster import Cluster
+    c = Cluster(etcd.endpoints, f"h-{uuid.uuid4().hex[:8]}")
+    e = c.a.etcd
     k = f"/h/{uuid.uuid4().hex}"
-    s.put(k, "1")
+    c._run(e.txn([], [e.op_put(k, "1")]))
     leader = etcd.leader()
     etcd.kill(leader)
     try:
-        s.put(k, "2")                           # fails over to a live member
-        assert s.get(k)[0][0]["value"] == b"2"
+        c._run(e.txn([], [e.op_put(k, "2")]))          # fails over to a live member
+        assert c._run(e.range(k))[0][0]["value"] == b"2"
     finally:
+        c.close()
         etcd.restart(leader)
     assert all(p is not None and p.poll() is None for p in etcd.procs)
 
@@ -54,7 +56,7 @@ def test_harness_survives_leader_kill(etcd):
 # --------------------------------------------------------------- simulated hosts
 import threading  # noqa: E402
 
-from conftest import unique_name  # noqa: E402
+from clusterlab import Host, stop_hosts  # noqa: E402
 
 import pyshmlock  # noqa: E402
 
@@ -66,122 +68,26 @@ def _now():
     return time.monotonic()
 
 
-class Host:
-    """One simulated host: a lock of its own, its agent and worker processes."""
-
-    def __init__(self, etcd, cluster, host_id, tmp, workers=2, hold=0.0):
-        self.etcd, self.cluster, self.id = etcd, cluster, host_id
-        self.lock_name = unique_name(f"cl-{host_id}")
-        self.tmp = tmp
-        self.hold = hold
-        self.nworkers = workers
-        self.agent = None
-        self.workers = []
-        self.logs = []
-        self.start_agent()
-        self.start_workers()
-
-    def start_agent(self):
-        with open(os.path.join(self.tmp, f"{self.id}.agent.log"), "a") as err:
-            self.agent = subprocess.Popen(
-                [sys.executable, "-m", "pyshmlock", "agent", "--etcd",
-                 ",".join(self.etcd.endpoints), "--cluster", self.cluster, "--lock",
-                 self.lock_name, "--host-id", self.id, "--ttl", str(int(TTL))],
-                stdout=subprocess.DEVNULL, stderr=err)
-        give_up = _now() + 10
-        while not os.path.exists(f"/dev/shm/pyshmlock.{self.lock_name}"):
-            assert _now() < give_up and self.agent.poll() is None, "agent did not create its lock"
-            time.sleep(0.01)
-
-    def start_workers(self):
-        for _ in range(self.nworkers):
-            log = os.path.join(self.tmp, f"{self.id}.w{len(self.logs)}.log")
-            self.logs.append(log)
-            self.workers.append(subprocess.Popen(
-                [sys.executable, "-m", "pyshmlock.cluster._simhost", self.lock_name, log,
-                 str(self.hold)]))
-
-    def admissions(self):
-        """(t_before, t_admitted, t_released) of every completed read."""
-        out = []
-        for log in self.logs:
-            if os.path.exists(log):
-                with open(log) as f:
-                    out += [tuple(map(float, ln.split())) for ln in f if ln.count(" ") == 2]
-        return out
-
-    def admitted_after(self, t, until=float("inf")):
-        return [a for a in self.admissions() if t < a[0] and a[1] < until]
-
-    def wait_admitting(self, timeout=10):
-        t = _now()
-        while not self.admitted_after(t):
-            assert _now() - t < timeout, f"{self.id} admits nothing"
-            time.sleep(0.02)
-
-    def signal_agent(self, sig):
-        self.agent.send_signal(sig)
-
-    def kill_all(self):
-        for p in [self.agent] + self.workers:
-            if p is not None and p.poll() is None:
-                p.kill()
-        for p in [self.agent] + self.workers:
-            if p is not None:
-                p.wait(10)
-        self.workers = []
-
-    def stop(self):
-        if self.agent is not None and self.agent.poll() is None:
-            try:
-                os.kill(self.agent.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        for p in self.workers:
-            if p.poll() is None:
-                p.terminate()
-        if self.agent is not None and self.agent.poll() is None:
-            self.agent.terminate()
-        for p in self.workers + [self.agent]:
-            if p is None:
-                continue
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                print("DID NOT EXIT:", p.args, file=sys.stderr)
-                p.kill()
-                p.wait(5)
-        try:
-            pyshmlock.unlink(self.lock_name, force=True)
-        except FileNotFoundError:
-            pass
-
-
 @pytest.fixture
 def hosts(etcd, tmp_path):
     """hosts(n, **kw) -> (Cluster, [Host]); everything is stopped afterwards."""
     from pyshmlock.cluster import Cluster
-    made = []
+    made, ctls = [], []
 
     def make(n=3, **kw):
         name = f"c-{uuid.uuid4().hex[:10]}"
-        hs = [Host(etcd, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
+        kw.setdefault("ttl", int(TTL))
+        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
         made.extend(hs)
-        c = Cluster(etcd.endpoints, name, ttl=TTL)
+        c = Cluster(etcd.endpoints, name)
+        ctls.append(c)
         c.wait_hosts(n, timeout=15)
         return c, hs
 
     yield make
-    for h in made:                     # stop them all at once, then reap
-        for p in [h.agent] + h.workers:
-            if p is not None and p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                    p.terminate()
-                except ProcessLookupError:
-                    pass
-    for h in made:
-        h.stop()
+    stop_hosts(made)
+    for c in ctls:
+        c.close()
 
 
 def _wait_for(pred, timeout, what):
@@ -225,7 +131,7 @@ def test_cli_pause_status_resume(hosts, etcd):
     assert p.returncode == 0 and "resumed" in p.stdout, p.stderr
     hs[0].wait_admitting()
     p = run("status", "--etcd", "http://127.0.0.1:1", c.name, "--etcd-timeout", "0.5")
-    assert p.returncode == 1 and "etcd unreachable" in p.stderr
+    assert p.returncode == 3 and "etcd unreachable" in p.stderr
 
 
 def test_pause_drain_waits_for_held_reads(hosts):
@@ -259,7 +165,7 @@ def test_resume_waits_for_update_and_fencing(hosts, etcd):
     c.pause(timeout=15)
     u = c.update(timeout=15)
     u.__enter__()
-    c.store.lease_revoke(u.lease)                       # as if its lease expired
+    c._run(c.a.etcd.lease_revoke(u.lease))               # as if its lease expired
     c.resume(timeout=5)                                 # no longer blocked
     with pytest.raises(FencingError):
         u.check()
@@ -275,14 +181,16 @@ def test_async_cluster(hosts, etcd):
     c, _hs = hosts(1, workers=1)
 
     async def go():
-        ac = AsyncCluster(etcd.endpoints, c.name, ttl=TTL)
+        ac = AsyncCluster(etcd.endpoints, c.name)
         r = await ac.pause(timeout=15)
         assert r.acknowledged == ["h0"]
         async with ac.update(timeout=15) as u:
             assert u.token > 0
             await u.check()
         await ac.resume(timeout=5)
-        return (await ac.status()).paused
+        paused = (await ac.status()).paused
+        await ac.aclose()
+        return paused
 
     assert asyncio.run(asyncio.wait_for(go(), 60)) is False
 
@@ -383,7 +291,7 @@ def test_racing_controllers_serialize(etcd):
     mu = threading.Lock()
 
     def controller(k):
-        c = Cluster(etcd.endpoints, name, ttl=TTL, who=f"ctl{k}")
+        c = Cluster(etcd.endpoints, name, who=f"ctl{k}")
         try:
             for i in range(rounds):
                 op = (i + k) % 3
@@ -404,6 +312,8 @@ def test_racing_controllers_serialize(etcd):
                     c.resume(timeout=20)
         except BaseException as e:
             errors.append(repr(e))
+        finally:
+            c.close()
 
     ts = [threading.Thread(target=controller, args=(k,)) for k in (0, 1)]
     for t in ts:
@@ -440,11 +350,12 @@ def test_pause_during_unpaused_update_survives_its_release(etcd):
     """As locally: an update taken on an open gate reopens it at release,
     unless someone paused meanwhile; that pause stays."""
     from pyshmlock.cluster import Cluster
-    c = Cluster(etcd.endpoints, f"pu-{uuid.uuid4().hex[:8]}", ttl=TTL)
+    c = Cluster(etcd.endpoints, f"pu-{uuid.uuid4().hex[:8]}")
     with c.update(timeout=10):
         pass
     assert not c.status().paused                # nobody paused: open again
     with c.update(timeout=10):
         c.pause(timeout=10)                     # an operator pauses mid-update
     st = c.status()
+    c.close()
     assert st.paused and st.update is None, st.gate

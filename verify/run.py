@@ -336,6 +336,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--markers", action="store_true", help="print model step -> C line")
     ap.add_argument("--timeout", type=float, default=1800.0,
                     help="seconds per run; a run cut there is reported as incomplete")
+    ap.add_argument("--only", default="",
+                    help="only the configurations and mutants whose name contains this")
     ap.add_argument("--jobs", type=int, default=0,
                     help="searches run side by side (default: one per CPU with --quick, "
                          "else 1)")
@@ -354,9 +356,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     # large ones one at a time, each with the memory.
     jobs = args.jobs or (os.cpu_count() or 1 if args.quick else 1)
     memory = max(1000, args.memory_mb // jobs)
-    configs = [c for c in CONFIGS if not (args.quick and not c.quick)] \
-        if not args.mutants_only else []
-    mutants = [(n, m) for n, m in MUTANTS.items() if not (args.quick and not m.quick)]
+    configs = [c for c in CONFIGS if not (args.quick and not c.quick)
+               and args.only in c.name] if not args.mutants_only else []
+    mutants = [(n, m) for n, m in MUTANTS.items() if not (args.quick and not m.quick)
+               and args.only in n]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         runs = [pool.submit(run_spin, c.defines, c.exhaustive, args.timeout, memory,
                             reduce=c.reduce, optimize=opt) for c in configs]

@@ -6,7 +6,8 @@
  * segment.  Callers hold a token, not its address (internal.h, "handles"):
  * index + 1 and generation.  A closed handle goes on the free list and the
  * next open reuses it with the next generation, so what the process keeps
- * depends on the locks open now, not on how many were ever opened, and a
+ * depends on the most locks open at once, not on how many were ever
+ * opened, and a
  * late call through a token of a closed handle finds another generation
  * and gets SHL_ECLOSED.  The table grows in chunks of HANDLE_CHUNK handles
  * that are never freed: resolving any token is safe.
@@ -28,7 +29,10 @@ _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
 static pthread_mutex_t g_handles_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t g_nchunks;            /* chunks allocated (under the mutex) */
 static shl_lock g_open;               /* the open list's head (a ring) */
-static shl_lock *g_free;              /* the free list (through next) */
+/* The free list, first in first out (through next): a process that opens
+ * and closes one lock over and over cycles through a whole chunk's handles,
+ * so each handle's generation advances HANDLE_CHUNK times slower. */
+static shl_lock *g_free, *g_free_tail;
 static uint32_t g_nopen;
 
 static void ring_init(void)
@@ -56,8 +60,23 @@ static void ring_remove(shl_lock *h)
 
 static void free_push(shl_lock *h)
 {
-    h->next = g_free;
-    g_free = h;
+    h->next = NULL;
+    if (g_free_tail)
+        g_free_tail->next = h;
+    else
+        g_free = h;
+    g_free_tail = h;
+}
+
+static shl_lock *free_pop(void)
+{
+    shl_lock *h = g_free;
+    if (h) {
+        g_free = h->next;
+        if (g_free == NULL)
+            g_free_tail = NULL;
+    }
+    return h;
 }
 
 /* A new chunk of closed handles of generation 0 (which no token names), on
@@ -74,7 +93,7 @@ static int grow(void)
         errno = ENOMEM;
         return -1;
     }
-    for (uint32_t i = HANDLE_CHUNK; i-- > 0;) {
+    for (uint32_t i = 0; i < HANDLE_CHUNK; i++) {
         c[i].index = g_nchunks * HANDLE_CHUNK + i;
         atomic_store_explicit(&c[i].inflight, H_CLOSED, memory_order_relaxed);
         free_push(&c[i]);
@@ -92,10 +111,8 @@ shl_lock *handle_new(void)
     pthread_mutex_lock(&g_handles_mu);
     ring_init();
     shl_lock *h = NULL;
-    if (g_free != NULL || grow() == 0) {
-        h = g_free;
-        g_free = h->next;
-    }
+    if (g_free != NULL || grow() == 0)
+        h = free_pop();
     pthread_mutex_unlock(&g_handles_mu);
     if (h == NULL)
         return NULL;
@@ -123,13 +140,18 @@ shl_lock *handle_publish(shl_lock *h)
     return (shl_lock *)(uintptr_t)(((uint64_t)gen << 32) | (h->index + 1));
 }
 
-/* h is H_CLOSED: take it off the open list (the watchdog then never looks
- * at it again), unmap it, and recycle it. */
-void handle_retire(shl_lock *h)
+/* h is H_CLOSED: take it off the open list.  The lock is the sweep's, so
+ * this returns once no sweep looks at h, and none will again. */
+void handle_unlist(shl_lock *h)
 {
     pthread_mutex_lock(&g_handles_mu);
     ring_remove(h);
     pthread_mutex_unlock(&g_handles_mu);
+}
+
+/* h is closed and unlisted: unmap it and make it reusable. */
+void handle_recycle(shl_lock *h)
+{
     munmap(h->hdr, h->map_size);
     h->hdr = NULL;
     h->slots = NULL;
@@ -177,7 +199,7 @@ void handles_after_fork(void)
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_handles_mu = fresh;
     g_open.next = g_open.prev = &g_open;
-    g_free = NULL;
+    g_free = g_free_tail = NULL;
     g_nopen = 0;
     for (uint32_t k = 0; k < g_nchunks; k++) {
         shl_lock *c = atomic_load_explicit(&g_handle_chunks[k], memory_order_relaxed);

@@ -380,7 +380,8 @@ static inline void leave(shl_lock *h)
 /* handles.c: the table of this process's handles, the open list. */
 shl_lock *handle_new(void);              /* a zeroed handle, not yet open (or NULL) */
 shl_lock *handle_publish(shl_lock *h);   /* open it: on the open list; its token */
-void handle_retire(shl_lock *h);         /* closed: off the open list, recycled */
+void handle_unlist(shl_lock *h);         /* closed: off the open list (after any sweep) */
+void handle_recycle(shl_lock *h);        /* unlisted: unmapped, reusable */
 void handle_discard(shl_lock *h);        /* never published: recycled */
 typedef int (*handle_visit)(shl_lock *h, void *arg);
 int handles_sweep(handle_visit fn, void *arg, int *open);   /* open handles, under the lock */

@@ -426,6 +426,11 @@ int shl_close(shl_lock *token)
     /* No call can be counted meanwhile (enter() waits while H_CLOSING is
      * set, and a failed enter() never changes the word). */
     atomic_store_explicit(&h->inflight, open | H_CLOSED, memory_order_release);
+    /* Off the open list before the slot is given up: this waits for a lease
+     * watchdog sweep that may be looking at h (it may be taking a session's
+     * ending in our slot's name, which must finish while the slot is ours:
+     * a dead owner's recovery goes by that slot). */
+    handle_unlist(h);
     if (ours) {
         struct shl_slot *me = &h->slots[h->self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
@@ -435,7 +440,7 @@ int shl_close(shl_lock *token)
      * thread that loaded the token before close() and calls in later (cffi
      * drops the GIL before the C function runs) finds H_CLOSED or another
      * generation, never the lock the recycled handle serves next. */
-    handle_retire(h);
+    handle_recycle(h);
     return SHL_OK;
 }
 

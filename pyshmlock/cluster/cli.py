@@ -1,12 +1,15 @@
 """CLI wiring for ``pyshmlock agent`` and ``pyshmlock cluster
-pause|resume|status`` (kept apart from pyshmlock/cli.py; it only calls
-``add_parsers``).  Exit codes: 0 done, 1 error (etcd unreachable, bad
-argument, lost update lock), 3 timed out."""
+pause|resume|status|evict|admit|break-update`` (kept apart from
+pyshmlock/cli.py; it only calls ``add_parsers``).  Exit codes: 0 done,
+1 error (bad argument, certificate, authentication, lost update lock, a
+missing expected host), 3 timed out (also: etcd unreachable in time)."""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from typing import Any
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
@@ -26,15 +29,29 @@ def _ttl(v: str) -> float:
     return t
 
 
+def _etcd_args(s: Any) -> None:
+    s.add_argument("--etcd", required=True, help="etcd endpoints, comma-separated URLs")
+    s.add_argument("--ca", default=None, help="CA bundle that signed etcd's certificates")
+    s.add_argument("--cert", default=None, help="client certificate (etcd --client-cert-auth)")
+    s.add_argument("--key", default=None, help="client certificate's key")
+    s.add_argument("--user", default=None, help="etcd user (auth enabled); the password "
+                                               "from --password-file or "
+                                               "$PYSHMLOCK_ETCD_PASSWORD")
+    s.add_argument("--password-file", default=None, help="file holding the etcd password")
+
+
 def add_parsers(sub: Any) -> None:
+    from .agent import DEFAULT_TTL
     s = sub.add_parser("agent", help="mirror a cluster gate in etcd into this host's lock "
                                      "(one per host)")
-    s.add_argument("--etcd", required=True, help="etcd endpoints, comma-separated URLs")
+    _etcd_args(s)
     s.add_argument("--cluster", required=True, help="cluster name (the etcd key prefix)")
     s.add_argument("--lock", required=True, help="this host's local lock name")
-    s.add_argument("--host-id", default=None, help="registration id (default: hostname-lock)")
-    s.add_argument("--ttl", type=_ttl, default=2.0,
-                   help="lease seconds: a silent host pauses itself within it (default 2)")
+    s.add_argument("--host-id", default=None, help="registration id (default: hostname-lock); "
+                                                   "unique in the cluster")
+    s.add_argument("--ttl", type=_ttl, default=DEFAULT_TTL,
+                   help=f"lease seconds: a silent host pauses itself within 3/4 of it "
+                        f"(default {DEFAULT_TTL:g})")
     s.set_defaults(fn=cmd_agent)
 
     s = sub.add_parser("cluster-demo", help="the cross-host races on a local 3-member etcd: "
@@ -47,18 +64,31 @@ def add_parsers(sub: Any) -> None:
 
     c = sub.add_parser("cluster", help="drive a cluster gate in etcd")
     csub = c.add_subparsers(dest="cluster_command", required=True,
-                            help="pause, resume or status")
+                            help="pause, resume, status, evict, admit or break-update")
     for name, hlp in (("pause", "pause every host; returns once each acknowledged or was lost"),
                       ("resume", "open the gate once no cluster update holds it"),
-                      ("status", "gate, update lock and host registrations")):
+                      ("status", "gate (who paused, alive?, since), update lock, hosts"),
+                      ("evict", "drop a host now (a pause stops waiting for it); it stays "
+                                "out, paused, until admitted"),
+                      ("admit", "let an evicted host back, counting it as up to date"),
+                      ("break-update", "revoke the update lock of a dead controller")):
         s = csub.add_parser(name, help=hlp)
-        s.add_argument("--etcd", required=True, help="etcd endpoints, comma-separated URLs")
+        _etcd_args(s)
         s.add_argument("name", help="cluster name")
-        if name != "status":
-            s.add_argument("--timeout", type=_timeout, default=30.0, help="seconds (default 30)")
+        if name in ("evict", "admit"):
+            s.add_argument("host", help="host id")
+        s.add_argument("--timeout", type=_timeout, default=30.0 if name != "status" else 10.0,
+                       help="seconds (default 30; status 10)")
         if name == "pause":
             s.add_argument("--drain", action="store_true",
                            help="also wait until no read is held on any host")
+            s.add_argument("--expect", default=None,
+                           help="comma-separated host ids that must all be registered")
+        if name == "break-update":
+            s.add_argument("--token", type=int, default=None,
+                           help="only the update with this token")
+            s.add_argument("--force", action="store_true",
+                           help="even if its controller looks alive")
         s.add_argument("--etcd-timeout", type=_timeout, default=10.0,
                        help="give up on an unreachable etcd after S seconds (default 10)")
         s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -75,43 +105,108 @@ def cmd_agent(args: Any) -> int:
     return main(args)
 
 
+def _ago(t: Any) -> str:
+    if not t:
+        return "-"
+    s = max(0.0, time.time() - float(t))
+    return f"{s:.0f} s ago" if s < 120 else f"{s / 60:.0f} min ago"
+
+
+def _alive(v: Any) -> str:
+    return {True: "alive", False: "not alive", None: "a one-shot command"}[v]
+
+
+def status_text(name: str, st: Any) -> str:
+    if st.paused:
+        head = (f"cluster {name}: PAUSED by {st.paused_by or '-'} "
+                f"({_alive(st.paused_by_alive)}) for {st.paused_for or 0:.0f} s, "
+                f"mode {st.gate.get('mode', '-')}, gate revision {st.gate_revision}")
+    else:
+        head = f"cluster {name}: open (gate revision {st.gate_revision}, " \
+               f"resumed by {st.gate.get('by', '-')} {_ago(st.gate.get('at'))})"
+    lines = [head]
+    if st.update:
+        lines.append(f"update lock: held by {st.update.get('by')} "
+                     f"({_alive(st.update_by_alive)}), token {st.update_token}, "
+                     f"since {_ago(st.update.get('at'))}")
+    else:
+        lines.append("update lock: free")
+    gen = st.generation
+    if gen.get("token"):
+        lines.append(f"last completed update: token {gen['token']} by {gen.get('by')} "
+                     f"{_ago(gen.get('at'))}")
+    for hid, reg in sorted(st.hosts.items()):
+        ok = reg.get("mirrored", -1) >= st.gate_revision
+        notes = [("paused" if reg.get("paused") else "open")]
+        if reg.get("drained"):
+            notes.append("drained")
+        if reg.get("behind"):
+            notes.append("BEHIND the last update (stays paused)")
+        if reg.get("suspect"):
+            notes.append("DATA SUSPECT (stays paused)")
+        if reg.get("users") == 0:
+            notes.append("lock UNUSED (no process but the agent)")
+        lines.append(f"  {hid:<24} mirrored {reg.get('mirrored')} "
+                     f"{'(current)' if ok else '(behind)'} {' '.join(notes)} "
+                     f"pid {reg.get('pid')} lock {reg.get('lock')}")
+    if not st.hosts:
+        lines.append("  no host registered")
+    for hid, ev in sorted(st.evicted.items()):
+        lines.append(f"  {hid:<24} EVICTED by {ev.get('by')} {_ago(ev.get('at'))}")
+    return "\n".join(lines)
+
+
 def cmd_cluster(args: Any) -> int:
-    from ._controller import Cluster, ClusterTimeout, EtcdError, FencingError
+    from ._errors import ClusterError, ClusterTimeout
+    from ._sync import Cluster
+    from .agent import _password
+    c = None
     try:
-        c = Cluster(args.etcd, args.name, op_timeout=args.etcd_timeout)
-        if args.cluster_command == "pause":
-            r = c.pause(timeout=args.timeout, drain=args.drain)
+        c = Cluster(args.etcd, args.name, op_timeout=args.etcd_timeout, session=False,
+                    ca=args.ca, cert=args.cert, key=args.key, user=args.user,
+                    password=_password(args), who=f"cli:{os.uname().nodename}:{os.getpid()}")
+        cmd = args.cluster_command
+        if cmd == "pause":
+            expect = [h for h in (args.expect or "").split(",") if h] or None
+            r = c.pause(timeout=args.timeout, drain=args.drain, expect=expect)
             out: Any = {"revision": r.revision, "acknowledged": r.acknowledged, "lost": r.lost,
-                        "drained": r.drained, "seconds": round(r.seconds, 4)}
+                        "drained": r.drained, "seconds": round(r.seconds, 4),
+                        "unused": r.unused, "behind": r.behind}
             text = (f"paused at revision {r.revision} in {r.seconds * 1000:.0f} ms; "
                     f"acknowledged: {', '.join(r.acknowledged) or '-'}; "
                     f"lost: {', '.join(r.lost) or '-'}")
-        elif args.cluster_command == "resume":
+        elif cmd == "resume":
             rev = c.resume(timeout=args.timeout)
             out, text = {"revision": rev}, f"resumed at revision {rev}"
+        elif cmd == "evict":
+            c.evict(args.host, timeout=args.timeout)
+            out, text = {"evicted": args.host}, f"evicted {args.host}"
+        elif cmd == "admit":
+            c.admit(args.host, timeout=args.timeout)
+            out, text = {"admitted": args.host}, f"admitted {args.host}"
+        elif cmd == "break-update":
+            st = c.status(timeout=args.timeout)
+            if st.update is not None and st.update_by_alive and not args.force:
+                print(f"pyshmlock: the update (token {st.update_token}) is held by "
+                      f"{st.update.get('by')}, which is alive; --force to break it anyway",
+                      file=sys.stderr)
+                return EXIT_ERROR
+            tok = c.break_update(args.token, timeout=args.timeout)
+            out = {"broken": tok}
+            text = (f"broke the update with token {tok}: its lock is released, its token "
+                    "is refused; the gate stays paused (cluster resume opens it)"
+                    if tok else "no update lock is held")
         else:
-            st = c.status()
-            out = st.to_dict()
-            lines = [f"cluster {args.name}: {'PAUSED' if st.paused else 'open'} "
-                     f"(gate revision {st.gate_revision}, by {st.gate.get('by', '-')}, "
-                     f"mode {st.gate.get('mode', '-')})",
-                     "update lock: " + (f"held by {st.update.get('by')} token {st.update_token}"
-                                         if st.update else "free")]
-            for hid, reg in sorted(st.hosts.items()):
-                ok = reg.get("mirrored", -1) >= st.gate_revision
-                lines.append(f"  {hid:<24} mirrored {reg.get('mirrored')} "
-                             f"{'(current)' if ok else '(behind)'} "
-                             f"{'paused' if reg.get('paused') else 'open'}"
-                             f"{' drained' if reg.get('drained') else ''} "
-                             f"pid {reg.get('pid')}")
-            if not st.hosts:
-                lines.append("  no host registered")
-            text = "\n".join(lines)
+            st = c.status(timeout=args.timeout)
+            out, text = st.to_dict(), status_text(args.name, st)
     except ClusterTimeout as e:
-        print(f"pyshmlock: {e}", file=sys.stderr)
+        print(f"pyshmlock: {e} (took effect: {e.took_effect})", file=sys.stderr)
         return EXIT_TIMEOUT
-    except (EtcdError, FencingError, ValueError) as e:
+    except (ClusterError, ValueError, OSError) as e:
         print(f"pyshmlock: {e}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if c is not None:
+            c.close()
     print(json.dumps(out, indent=2, sort_keys=True) if args.json else text)
     return EXIT_OK

@@ -56,7 +56,8 @@ class SimHost:
             self.ctl = spawn([sys.executable, "-m", "pyshmlock", "agent",
                               "--etcd", ",".join(self.endpoints), "--cluster", self.cluster,
                               "--lock", self.lock_name, "--host-id", self.id, "--ttl", str(TTL)],
-                             stdout=subprocess_devnull(), stderr=subprocess_devnull())
+                             stdout=subprocess_devnull(), stderr=subprocess_devnull(),
+                             env=self.env())
         else:
             portfile = os.path.join(self.tmp, f"{self.lock_name}.port")
             if os.path.exists(portfile):
@@ -79,7 +80,12 @@ class SimHost:
             log = os.path.join(self.tmp, f"{self.lock_name}.w{len(self.logs)}")
             self.logs.append(log)
             self.workers.append(spawn([sys.executable, "-m", "pyshmlock.cluster._simhost",
-                                       self.lock_name, log, str(HOLD)]))
+                                       self.lock_name, log, str(HOLD)], env=self.env()))
+
+    def env(self) -> Dict[str, str]:
+        """The demo's hosts keep their host setting in the demo's temp dir."""
+        from .._hostconf import ENV
+        return dict(os.environ, **{ENV: os.path.join(self.tmp, "cluster.d")})
 
     def reads(self) -> List[Tuple[float, float, float]]:
         out: List[Tuple[float, float, float]] = []
@@ -173,8 +179,8 @@ class FanOut:
 
 class ViaCluster:
     def __init__(self, endpoints: List[str], name: str, who: str = "") -> None:
-        from ._controller import Cluster
-        self.c = Cluster(endpoints, name, ttl=TTL, who=who or None)
+        from ._sync import Cluster
+        self.c = Cluster(endpoints, name, who=who or None)
 
     def pause(self) -> None:
         self.c.pause(timeout=30)
@@ -286,23 +292,26 @@ def _fit(s: str, n: int) -> str:
 
 
 def measure_cost(endpoints: List[str], name: str, rounds: int = 15) -> Dict[str, float]:
-    """Median cluster pause() for the registered hosts vs one etcd write RTT."""
-    from ._controller import Cluster
-    from ._store import Store
-    c = Cluster(endpoints, name, ttl=TTL)
-    st = Store(endpoints)
+    """Median cluster pause() for the registered hosts vs one etcd write RTT,
+    both through the same client in the same run."""
+    from ._sync import Cluster
+    c = Cluster(endpoints, name)
+    e = c.a.etcd
     key = f"/pyshmlock/bench/{uuid.uuid4().hex}"
     writes, pauses = [], []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        st.put(key, "x")
-        writes.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        c.pause(timeout=30)
-        pauses.append(time.perf_counter() - t)
-        c.resume(timeout=30)
-        time.sleep(0.05)
-    st.txn([], [st.op_delete(key)])
+    try:
+        for _ in range(rounds):
+            t = time.perf_counter()
+            c._run(e.txn([], [e.op_put(key, "x")]), 30)
+            writes.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            c.pause(timeout=30)
+            pauses.append(time.perf_counter() - t)
+            c.resume(timeout=30)
+            time.sleep(0.05)
+        c._run(e.txn([], [e.op_delete(key)]), 30)
+    finally:
+        c.close()
     w, p = statistics.median(writes), statistics.median(pauses)
     return {"write_ms": w * 1e3, "pause_ms": p * 1e3, "ratio": p / w}
 
@@ -335,7 +344,9 @@ def run_cluster_demo(hosts: int = 3, workers: int = 2, out: Any = None) -> bool:
                 h.start()
             print(f"{mode}: {hosts} hosts x {workers} workers up", file=out, flush=True)
             if mode == "cluster":
-                ViaCluster(etcd.endpoints, name).c.wait_hosts(hosts, timeout=20)
+                probe = ViaCluster(etcd.endpoints, name)
+                probe.c.wait_hosts(hosts, timeout=20)
+                probe.c.close()
 
                 def make(who: str, _n: Any = name) -> Any:
                     return ViaCluster(etcd.endpoints, _n, who)

@@ -5,22 +5,68 @@
 directories in one temporary directory.  Start-up is bounded; ``stop()``
 kills every member by pid and removes the directory, and is safe to call on
 any failure path.  One member can be killed (SIGKILL) and restarted with its
-data directory, which is how the fault tests take the Raft leader away.
+data directory, which is how the fault tests take the Raft leader away;
+``pause(i)``/``cont(i)`` stop and continue one (SIGSTOP/SIGCONT).
+
+Options for the tests of issue 23: ``tls`` (certificate, key, CA and
+``client_cert_auth``: the members serve https and may demand client
+certificates), ``addrs``/``netns`` (each member on its own address inside
+its own network namespace; the health probe runs from ``probe_netns``),
+``extra`` (more etcd flags, e.g. a small ``--quota-backend-bytes``).
 """
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
+import threading
 import time
-from typing import Any, Dict, List, Optional
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 from ._proc import spawn
 
 __all__ = ["EtcdUnavailable", "LocalEtcd", "etcd_binary"]
+
+
+_T = TypeVar("_T")
+# Linux's CLONE_NEWNET (sched.h); os has it from Python 3.12 on.
+_CLONE_NEWNET = getattr(os, "CLONE_NEWNET", 0x40000000)
+
+
+def in_netns(ns: Optional[str], fn: Callable[[], _T]) -> _T:
+    """Run ``fn`` in a thread that has entered network namespace ``ns``
+    (sockets it opens belong there); ``ns=None`` runs it here."""
+    if ns is None:
+        return fn()
+    box: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            fd = os.open(f"/var/run/netns/{ns}", os.O_RDONLY)
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                if libc.setns(fd, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns {ns}")
+            finally:
+                os.close(fd)
+            box["r"] = fn()
+        except BaseException as e:
+            box["e"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["r"]  # type: ignore[no-any-return]
 
 
 class EtcdUnavailable(RuntimeError):
@@ -47,7 +93,10 @@ def _free_ports(n: int) -> List[int]:
 
 class LocalEtcd:
     def __init__(self, members: int = 3, *, start_timeout: float = 20.0,
-                 heartbeat_ms: int = 50, election_ms: int = 500) -> None:
+                 heartbeat_ms: int = 50, election_ms: int = 500,
+                 tls: Optional[Dict[str, Any]] = None, addrs: Optional[Sequence[str]] = None,
+                 netns: Optional[Sequence[Optional[str]]] = None,
+                 probe_netns: Optional[str] = None, extra: Sequence[str] = ()) -> None:
         binary = etcd_binary()
         if binary is None:
             raise EtcdUnavailable("etcd is not installed (Debian: apt-get install etcd-server)")
@@ -55,10 +104,20 @@ class LocalEtcd:
         self.n = members
         self.heartbeat_ms = heartbeat_ms
         self.election_ms = election_ms
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
+        self.addrs = list(addrs) if addrs else ["127.0.0.1"] * members
+        self.netns = list(netns) if netns else [None] * members
+        self.probe_netns = probe_netns
+        self.extra = list(extra)
         self.dir = tempfile.mkdtemp(prefix="pyshmlock-etcd-")
-        ports = _free_ports(2 * members)
-        self.client_ports = ports[:members]
-        self.peer_ports = ports[members:]
+        if addrs:       # each member on its own address: the default ports are free
+            self.client_ports = [2379] * members
+            self.peer_ports = [2380] * members
+        else:
+            ports = _free_ports(2 * members)
+            self.client_ports = ports[:members]
+            self.peer_ports = ports[members:]
         self.names = [f"m{i}" for i in range(members)]
         self.procs: List[Optional[subprocess.Popen[Any]]] = [None] * members
         self._token = os.path.basename(self.dir)
@@ -72,16 +131,29 @@ class LocalEtcd:
 
     @property
     def endpoints(self) -> List[str]:
-        return [f"http://127.0.0.1:{p}" for p in self.client_ports]
+        return [f"{self.scheme}://{a}:{p}" for a, p in zip(self.addrs, self.client_ports)]
+
+    def _tls_flags(self) -> List[str]:
+        t = self.tls
+        if not t:
+            return []
+        flags = ["--cert-file", t["cert"], "--key-file", t["key"]]
+        if t.get("ca"):
+            flags += ["--trusted-ca-file", t["ca"]]
+        if t.get("client_cert_auth"):
+            flags += ["--client-cert-auth"]
+        return flags
 
     def _spawn(self, i: int, state: str) -> None:
-        cluster = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(self.names, self.peer_ports))
-        client = f"http://127.0.0.1:{self.client_ports[i]}"
-        peer = f"http://127.0.0.1:{self.peer_ports[i]}"
+        cluster = ",".join(f"{n}=http://{a}:{p}"
+                           for n, a, p in zip(self.names, self.addrs, self.peer_ports))
+        client = f"{self.scheme}://{self.addrs[i]}:{self.client_ports[i]}"
+        peer = f"http://{self.addrs[i]}:{self.peer_ports[i]}"
         log = open(os.path.join(self.dir, f"{self.names[i]}.log"), "ab")  # noqa: SIM115 (closed below)
+        pre = ["ip", "netns", "exec", self.netns[i]] if self.netns[i] else []
         try:
             self.procs[i] = spawn(
-                [self.binary, "--name", self.names[i],
+                pre + [self.binary, "--name", self.names[i],
                  "--data-dir", os.path.join(self.dir, self.names[i]),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
                  "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -90,22 +162,33 @@ class LocalEtcd:
                  "--heartbeat-interval", str(self.heartbeat_ms),
                  "--election-timeout", str(self.election_ms),
                  "--listen-metrics-urls", "", "--log-level", "warn",
-                 "--logger", "zap"],
+                 "--logger", "zap"] + self._tls_flags() + self.extra,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         finally:
             log.close()
 
+    def _ssl(self) -> Optional[ssl.SSLContext]:
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(cafile=self.tls.get("ca"))
+        if self.tls.get("client_cert"):
+            ctx.load_cert_chain(self.tls["client_cert"], self.tls["client_key"])
+        return ctx
+
     def _status(self, i: int, timeout: float = 1.0) -> Optional[Dict[str, Any]]:
-        import requests
-        try:
-            r = requests.post(f"http://127.0.0.1:{self.client_ports[i]}/v3/maintenance/status",
-                              json={}, timeout=timeout)
-            if r.status_code == 200:
-                status: Dict[str, Any] = r.json()
-                return status
-        except requests.RequestException:
-            pass
-        return None
+        url = f"{self.endpoints[i]}/v3/maintenance/status"
+
+        def probe() -> Optional[Dict[str, Any]]:
+            req = urllib.request.Request(url, data=b"{}", method="POST",
+                                         headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as r:
+                    status: Dict[str, Any] = json.loads(r.read())
+                    return status
+            except (OSError, ValueError, urllib.error.URLError):
+                return None
+
+        return in_netns(self.probe_netns, probe)
 
     def wait_healthy(self, timeout: float = 20.0) -> None:
         """Wait until every running member answers and agrees on a leader."""
@@ -142,6 +225,16 @@ class LocalEtcd:
             p.wait(10)
             self.procs[i] = None
 
+    def pause(self, i: int) -> None:
+        p = self.procs[i]
+        if p is not None:
+            os.kill(p.pid, signal.SIGSTOP)
+
+    def cont(self, i: int) -> None:
+        p = self.procs[i]
+        if p is not None:
+            os.kill(p.pid, signal.SIGCONT)
+
     def restart(self, i: int, timeout: float = 20.0) -> None:
         if self.procs[i] is None:
             self._spawn(i, "existing")
@@ -153,6 +246,10 @@ class LocalEtcd:
                 continue
             try:
                 os.killpg(p.pid, signal.SIGKILL)   # its own session: only etcd
+            except ProcessLookupError:
+                pass
+            try:
+                os.kill(p.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
             try:

@@ -16,7 +16,10 @@
   holds the pause (``await lock.resume()``), then runs SGLang's own continue;
 * every weight-update path runs under ``update_lock``: unpaused it drains the
   requests of every worker, paused it skips the frozen ones and pins the
-  pause; ``begin_weight_update`` opens an update session on the lock and
+  pause; an update that carries the fleet's update token (header
+  ``X-Pyshmlock-Fence``, from a ``pyshmlock.cluster`` controller) runs under
+  ``fenced_update(token)`` and is refused at this host if a newer update is
+  known here; ``begin_weight_update`` opens an update session on the lock and
   ``end_weight_update`` closes it, so a continue in between waits.
 
 SGLang's own communicators and bookkeeping are called unchanged; only the
@@ -31,9 +34,12 @@ import logging
 import os
 import re
 import sys
+import threading
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
 
 from ..aio import AsyncRWLock
+from ..cluster._keys import FENCE_HEADER
+from ..errors import FencingError
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +188,13 @@ def _init_weight_update(self: Any) -> None:
     lock = SharedModelUpdateLock(lock_name(_server_port(self)))
     self.model_update_lock = lock
     self.is_pause_cond = SharedGateCondition(lock)
+    # A worker stopped while paused must stop: its requests parked at the
+    # gate end (LockClosingError) when SIGTERM or Ctrl-C arrives, before
+    # uvicorn's handler starts its graceful shutdown.  Only where signal
+    # handlers can be set (the main thread: a multi-tokenizer worker builds
+    # its manager in the app's lifespan, after uvicorn set its own).
+    if threading.current_thread() is threading.main_thread():
+        lock.notify_closing_on_signals()
 
 
 def _server_port(manager: Any) -> Optional[int]:
@@ -231,6 +244,31 @@ def _continue_generation(module: str, cls: str) -> Callable[..., Awaitable[Any]]
     return continue_generation
 
 
+def _fence_token(request: Any) -> Optional[int]:
+    """The fleet update token a cluster controller sent with this update
+    (the X-Pyshmlock-Fence header), or None."""
+    headers = getattr(request, "headers", None)
+    value = headers.get(FENCE_HEADER) if headers is not None else None
+    if value is None:
+        return None
+    try:
+        token = int(value)
+    except ValueError:
+        raise ValueError(f"{FENCE_HEADER}: not an update token: {value!r}") from None
+    if token < 0:
+        raise ValueError(f"{FENCE_HEADER}: not an update token: {value!r}")
+    return token
+
+
+def _update_hold(manager: Any, request: Any) -> Any:
+    """What an update call runs under: the update hold, fenced when the
+    request carries the fleet's update token (a stale one is refused at this
+    host: pyshmlock.FencingError, before anything is applied)."""
+    lock = _shared(manager)
+    token = _fence_token(request)
+    return lock.update_lock if token is None else lock.fenced_update(token)
+
+
 def _merge(results: Any) -> Tuple[bool, str]:
     from sglang.srt.managers.communicator import FanOutCommunicator
 
@@ -262,8 +300,12 @@ async def _update_weights_from_disk(self: Any, obj: Any, request: Any = None) ->
     logger.info("Start update_weights. Load format=%s", obj.load_format)
     if obj.abort_all_requests:
         self.abort_request(abort_all=True)
-    async with _shared(self).update_lock:
-        success, message, num_paused_requests = await self._wait_for_model_update_from_disk(obj)
+    try:
+        async with _update_hold(self, request):
+            success, message, num_paused_requests = \
+                await self._wait_for_model_update_from_disk(obj)
+    except FencingError as e:
+        return False, str(e), 0
     return success, _after_update(self, obj, success, message), num_paused_requests
 
 
@@ -272,8 +314,11 @@ async def _update_weights_from_distributed(self: Any, obj: Any, request: Any = N
     _assert_single_dp("update weights from distributed")
     if obj.abort_all_requests:
         self.abort_request(abort_all=True)
-    async with _shared(self).update_lock:
-        results = await self.update_weights_from_distributed_communicator(obj)
+    try:
+        async with _update_hold(self, request):
+            results = await self.update_weights_from_distributed_communicator(obj)
+    except FencingError as e:
+        return False, str(e)
     success, message = _merge(results)
     return success, _after_update(self, obj, success, message)
 
@@ -287,8 +332,11 @@ async def _update_weights_from_tensor(self: Any, obj: Any, request: Any = None) 
         self.abort_request(abort_all=True)
     obj.serialized_named_tensors = normalize_serialized_named_tensor_payloads(
         obj.serialized_named_tensors)
-    async with _shared(self).update_lock:
-        results = await self.update_weights_from_tensor_communicator(obj)
+    try:
+        async with _update_hold(self, request):
+            results = await self.update_weights_from_tensor_communicator(obj)
+    except FencingError as e:
+        return False, str(e)
     success, message = _merge(results)
     return success, _after_update(self, obj, success, message)
 
@@ -298,9 +346,11 @@ async def _update_weights_from_ipc(self: Any, obj: Any, request: Any = None) -> 
     try:
         _assert_single_dp("update weights from IPC")
         logger.info("Starting IPC weight update")
-        async with _shared(self).update_lock:
+        async with _update_hold(self, request):
             results = await self.update_weights_from_ipc_communicator(obj)
         success, message = _merge(results)
+    except FencingError as e:
+        return False, str(e)
     except Exception as e:
         message = f"IPC weight update failed: {e!s}"
         logger.error(message)

@@ -31,9 +31,10 @@ class Client:
         return self.server.workers["ABCDEFGH".index(name)]
 
     async def post(self, worker: str, path: str, body: Dict[str, Any],
-                   timeout: float = CALL_TIMEOUT) -> httpx.Response:
+                   timeout: float = CALL_TIMEOUT,
+                   headers: Optional[Dict[str, str]] = None) -> httpx.Response:
         return await self.http.post(self.server.url(self.w(worker), path), json=body,
-                                    timeout=timeout)
+                                    timeout=timeout, headers=headers)
 
     async def generate(self, worker: str, tokens: int, timeout: float = CALL_TIMEOUT,
                        rid: Optional[str] = None) -> httpx.Response:
@@ -50,9 +51,14 @@ class Client:
     async def resume(self, worker: str, timeout: float = CALL_TIMEOUT) -> httpx.Response:
         return await self.post(worker, "/continue_generation", {}, timeout)
 
-    async def update(self, worker: str, timeout: float = CALL_TIMEOUT) -> httpx.Response:
+    async def update(self, worker: str, timeout: float = CALL_TIMEOUT,
+                     fence: Optional[int] = None) -> httpx.Response:
+        """/update_weights_from_disk; with `fence`, as a pyshmlock.cluster
+        controller sends it: its update token in the X-Pyshmlock-Fence header."""
+        headers = None if fence is None else {"X-Pyshmlock-Fence": str(fence)}
         return await self.post(worker, "/update_weights_from_disk",
-                               {"model_path": str(self.server.dir / "model")}, timeout)
+                               {"model_path": str(self.server.dir / "model")}, timeout,
+                               headers)
 
     async def state(self, worker: str) -> Dict[str, Any]:
         r = await self.http.get(self.server.url(self.w(worker), "/worker_state"), timeout=5)

@@ -141,3 +141,34 @@ def test_continue_during_an_update_session_waits_for_its_end(fresh, request):
                 violations.append("continue took effect before the session ended")
             return violations
     verdict(fresh, run(body(), 90), sglang_fails=True)
+
+
+def test_an_update_with_a_stale_fleet_token_is_refused_at_the_host(fresh):
+    """A cluster controller sends its update token with each update; this
+    host's agent has raised the lock's fence to a newer fleet update: the
+    stale updater's push is refused at the host and nothing is loaded; the
+    current updater's goes through.  (SGLang's own locks know no token.)"""
+    async def body() -> List[str]:
+        if fresh.backend == "pyshmlock":
+            lk = pyshmlock.RWLock(fresh.lock_name, create=False)
+            try:
+                lk.raise_fence(10)          # what the host's agent does on a new update
+            finally:
+                lk.close()
+        violations = []
+        async with Client(fresh) as c:
+            before = (await c.stats())["version"]
+            stale = await c.update("B", timeout=30, fence=9)
+            after = (await c.stats())["version"]
+            if after != before:
+                violations.append(f"a stale updater's push was applied (version {before} -> "
+                                  f"{after}, response {stale.status_code} {stale.text[:80]})")
+            elif fresh.backend == "pyshmlock":
+                assert stale.status_code == 400 and not stale.json()["success"], stale.text
+                assert "stale" in stale.json()["message"], stale.text
+            current = await c.update("C", timeout=30, fence=10)
+            assert current.status_code == 200 and current.json()["success"], current.text
+            if (await c.stats())["version"] == after:
+                violations.append("the current updater's push was not applied")
+        return violations
+    verdict(fresh, run(body(), 90), sglang_fails=True)

@@ -1,0 +1,163 @@
+"""Simulated hosts for the cluster tests: real agent and worker processes,
+optionally each host in its own network namespace (see netlab.py).
+
+A Host has a lock of its own, its agent (``python -m pyshmlock agent``) and
+worker processes that take read holds and log every admission
+(``pyshmlock.cluster._simhost``).  Everything is stopped by pid.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import unique_name
+
+import pyshmlock
+
+
+def now():
+    return time.monotonic()
+
+
+def wait_for(pred, timeout, what):
+    t = now()
+    while not pred():
+        assert now() - t < timeout, f"timed out: {what}"
+        time.sleep(0.02)
+
+
+class Host:
+    """One simulated host: a lock of its own, its agent and worker processes."""
+
+    def __init__(self, endpoints, cluster, host_id, tmp, workers=2, hold=0.0, ttl=2,
+                 netns=None, agent_args=(), lock_name=None, start=True, env=None):
+        self.endpoints, self.cluster, self.id = list(endpoints), cluster, host_id
+        self.lock_name = lock_name or unique_name(f"cl-{host_id}")
+        self.tmp = tmp
+        self.hold = hold
+        self.ttl = ttl
+        self.netns = netns
+        self.agent_args = list(agent_args)
+        self.nworkers = workers
+        self.env = dict(os.environ, PYSHMLOCK_CLUSTER_DIR=os.path.join(tmp, "cluster.d"))
+        if env:
+            self.env.update(env)
+        self.agent = None
+        self.workers = []
+        self.logs = []
+        self.agent_log = os.path.join(self.tmp, f"{self.id}.{self.lock_name[-6:]}.agent.log")
+        if start:
+            self.start_agent()
+            self.start_workers()
+
+    def _cmd(self, args):
+        if self.netns:
+            return ["ip", "netns", "exec", self.netns] + args
+        return args
+
+    def agent_cmd(self):
+        cmd = [sys.executable, "-m", "pyshmlock", "agent", "--etcd", ",".join(self.endpoints),
+               "--cluster", self.cluster, "--lock", self.lock_name, "--host-id", self.id]
+        if self.ttl is not None:
+            cmd += ["--ttl", str(self.ttl)]
+        return self._cmd(cmd + self.agent_args)
+
+    def start_agent(self, wait=True):
+        with open(self.agent_log, "a") as err:
+            self.agent = subprocess.Popen(self.agent_cmd(), stdout=subprocess.DEVNULL,
+                                          stderr=err, env=self.env)
+        if wait:
+            give_up = now() + 15
+            while not os.path.exists(f"/dev/shm/pyshmlock.{self.lock_name}"):
+                assert now() < give_up and self.agent.poll() is None, \
+                    f"agent did not create its lock: {self.agent_text()}"
+                time.sleep(0.01)
+
+    def agent_text(self):
+        try:
+            with open(self.agent_log) as f:
+                return f.read()[-3000:]
+        except FileNotFoundError:
+            return ""
+
+    def start_workers(self, n=None, create=False):
+        for _ in range(self.nworkers if n is None else n):
+            log = os.path.join(self.tmp, f"{self.id}.{self.lock_name[-6:]}.w{len(self.logs)}.log")
+            self.logs.append(log)
+            args = [sys.executable, "-m", "pyshmlock.cluster._simhost", self.lock_name, log,
+                    str(self.hold)]
+            if create:
+                args.append("create")
+            self.workers.append(subprocess.Popen(self._cmd(args), env=self.env))
+
+    def admissions(self):
+        """(t_before, t_admitted, t_released) of every completed read."""
+        out = []
+        for log in self.logs:
+            if os.path.exists(log):
+                with open(log) as f:
+                    out += [tuple(map(float, ln.split())) for ln in f if ln.count(" ") == 2]
+        return out
+
+    def admitted_after(self, t, until=float("inf")):
+        return [a for a in self.admissions() if t < a[0] and a[1] < until]
+
+    def last_admission(self):
+        a = self.admissions()
+        return max(x[1] for x in a) if a else None
+
+    def wait_admitting(self, timeout=10):
+        t = now()
+        while not self.admitted_after(t):
+            assert now() - t < timeout, f"{self.id} admits nothing: {self.agent_text()}"
+            time.sleep(0.02)
+
+    def signal_agent(self, sig):
+        if self.agent is not None and self.agent.poll() is None:
+            os.kill(self.agent.pid, sig)
+
+    def kill_all(self):
+        for p in [self.agent] + self.workers:
+            if p is not None and p.poll() is None:
+                p.kill()
+        for p in [self.agent] + self.workers:
+            if p is not None:
+                p.wait(10)
+        self.workers = []
+
+    def procs(self):
+        return [p for p in [self.agent] + self.workers if p is not None]
+
+    def stop(self):
+        for p in self.procs():
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.terminate()
+                except ProcessLookupError:
+                    pass
+        for p in self.procs():
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                print("DID NOT EXIT:", p.args, file=sys.stderr)
+                p.kill()
+                p.wait(5)
+        try:
+            pyshmlock.unlink(self.lock_name, force=True)
+        except FileNotFoundError:
+            pass
+
+
+def stop_hosts(hosts):
+    for h in hosts:                     # signal them all at once, then reap
+        for p in h.procs():
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.terminate()
+                except ProcessLookupError:
+                    pass
+    for h in hosts:
+        h.stop()
