@@ -415,7 +415,6 @@ int session_expire(shl_lock *h);         /* 1 if it ended an expired session */
 void session_recover(shl_lock *h, uint32_t i);
 int do_try(shl_lock *h, shl_waiter *w);
 void do_cancel(shl_lock *h, shl_waiter *w);
-int do_release_exclusive(shl_lock *h, int kind);   /* a handle, not a token */
 void wake_drainers(shl_lock *h);
 int excl_is_this_thread(shl_lock *h, const shl_waiter *w);
 void wait_on_state(shl_waiter *w, uint32_t s);
