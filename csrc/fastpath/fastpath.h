@@ -22,8 +22,9 @@
  *
  * Its files: calls.c (the core's table, the timeout rule, kind names,
  * errors), attempt.c (THE attempt: the one loop of try, wait and cancel, for
- * blocking calls and for asyncio, and the awaitables), lock.c, alock.c,
- * hold.c (the types), module.c (setup() and the module).
+ * blocking calls and for asyncio), awaitable.c (the attempt as an
+ * awaitable, and Done), lock.c, alock.c, hold.c (the types), module.c
+ * (setup() and the module).
  *
  * One copy of the core.  This module does not contain or link the core: the
  * core's code and its process-private state (fork handler, keeper thread,
@@ -149,10 +150,11 @@ PyObject *lock_name(PyObject *self);
 int release(shl_lock *h, int kind);
 PyObject *kind_table(void);
 
-/* attempt.c: the attempt, and the awaitables. */
+/* attempt.c: the attempt; awaitable.c: the attempt as an awaitable. */
 void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
                   int shared);
 int attempt_try(attempt_t *a);
+int attempt_past(const attempt_t *a);
 void attempt_cancel(attempt_t *a);
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what);
