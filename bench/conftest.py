@@ -54,8 +54,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if not b.stats or not b.stats.data:
             continue
         per = b.extra_info.get("pairs_per_call", 1)
-        med[b.name.split("[")[0]] = statistics.median(b.stats.data) / per * 1e9
+        med[b.name] = statistics.median(b.stats.data) / per * 1e9
     floor = med.get("test_floor_two_cffi_atomic_calls")
+    # the asyncio rows, each to asyncio.Lock's async with on the same loop
+    asyncio_lock = {n.split("[")[1]: ns for n, ns in med.items()
+                    if n.startswith("test_peer_asyncio_lock_async_with[")}
     sem = med.get("test_peer_posix_ipc_semaphore_pair")
     capi = med.get("test_floor_two_bare_capi_calls")
     tr = terminalreporter
@@ -67,3 +70,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         r3 = f"{ns / capi:.2f}x" if capi else "-"
         r2 = f"{ns / sem:.2f}x" if sem else "-"
         tr.write_line(f"{name[5:]:46} {ns:>8.0f}ns {r1:>13} {r3:>14} {r2:>12}")
+    if asyncio_lock:
+        tr.write_line("asyncio rows, as ratios to `async with asyncio.Lock()` on the same loop:")
+        for name, ns in sorted(med.items()):
+            loop = name.split("[")[1].rstrip("]") if "[" in name else None
+            if loop and loop + "]" in asyncio_lock and "asyncio_lock" not in name:
+                tr.write_line(f"  {name[5:]:44} {ns:>8.0f}ns "
+                              f"{ns / asyncio_lock[loop + ']']:>8.2f}x asyncio.Lock")

@@ -88,19 +88,71 @@ def test_read_pair_with_reader_lock(benchmark, lock):
     benchmark(pair)
 
 
-def test_read_pair_async_with(benchmark, lock):
+# ---------------------------------------------- asyncio, on both event loops
+
+def _new_loop(which):
+    if which == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            pytest.skip("uvloop is not installed (pip install 'pyshmlock[bench]')")
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+LOOPS = pytest.mark.parametrize("which", ["asyncio", "uvloop"])
+
+
+@LOOPS
+def test_read_pair_async_with(benchmark, lock, which):
     alock = pyshmlock.AsyncRWLock(lock.name)
     cm = alock.reader_lock
-    loop = asyncio.new_event_loop()
 
     async def pairs():
         for _ in range(PAIRS_PER_ASYNC_CALL):
             async with cm:
                 pass
+    loop = _new_loop(which)
     benchmark.extra_info["pairs_per_call"] = PAIRS_PER_ASYNC_CALL
-    benchmark(lambda: loop.run_until_complete(pairs()))
-    loop.close()
-    alock.close()
+    try:
+        benchmark(lambda: loop.run_until_complete(pairs()))
+    finally:
+        loop.close()
+        alock.close()
+
+
+@LOOPS
+def test_read_pair_await_acquire_release(benchmark, lock, which):
+    alock = pyshmlock.AsyncRWLock(lock.name)
+    acquire, release = alock.acquire_read, alock.release_read
+
+    async def pairs():
+        for _ in range(PAIRS_PER_ASYNC_CALL):
+            await acquire()
+            release()
+    loop = _new_loop(which)
+    benchmark.extra_info["pairs_per_call"] = PAIRS_PER_ASYNC_CALL
+    try:
+        benchmark(lambda: loop.run_until_complete(pairs()))
+    finally:
+        loop.close()
+        alock.close()
+
+
+@LOOPS
+def test_peer_asyncio_lock_async_with(benchmark, which):
+    lk = asyncio.Lock()
+
+    async def pairs():
+        for _ in range(PAIRS_PER_ASYNC_CALL):
+            async with lk:
+                pass
+    loop = _new_loop(which)
+    benchmark.extra_info["pairs_per_call"] = PAIRS_PER_ASYNC_CALL
+    try:
+        benchmark(lambda: loop.run_until_complete(pairs()))
+    finally:
+        loop.close()
 
 
 def test_write_pair(benchmark, lock):

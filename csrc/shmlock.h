@@ -58,7 +58,7 @@
 #define SHL_KIND_DRAINED  6   /* wait_drained(): wait until no read hold exists */
 #define SHL_KIND_UNPINNED 7   /* wait until no update session pins the pause */
 
-/* shl_waiter.flags of a SHL_KIND_RESUME attempt (shl_resume's flags). */
+/* shl_waiter.flags of a SHL_KIND_RESUME attempt. */
 #define SHL_RESUME_FORCE   1u /* resume although the data is suspect (clears the mark)
                                  or a host lease is armed */
 #define SHL_RESUME_MANAGER 2u /* the caller is the host's cluster agent (the lease's
@@ -74,6 +74,7 @@
 #define SHL_MAX_PROCESSES_LIMIT 4095
 #define SHL_LAYOUT_VERSION 3       /* the segment layout this core makes (CHANGELOG.md) */
 #define SHL_NAME_MAX 200
+#define SHL_PATH_MAX 256           /* room for shl_segment_path's longest answer */
 
 /* One process's attachment.  A shl_lock * is a token, never dereferenced:
  * it names one generation of one handle of this process; once closed,
@@ -200,6 +201,12 @@ typedef struct shl_open_info {
  * it grants no group/other write bit beyond `mode`. */
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info);
+/* Where the lock `name` lives (the one name-to-path rule): the POSIX
+ * shared-memory object "/pyshmlock.<name>", the file
+ * "/dev/shm/pyshmlock.<name>" on Linux.  Writes the file's path (file != 0)
+ * or the object's name (file == 0) into buf; returns its length, or
+ * SHL_EINVAL for an invalid name or a buffer smaller than SHL_PATH_MAX. */
+int shl_segment_path(const char *name, int file, char *buf, uint32_t size);
 /* Bytes of a segment with room for max_processes processes (0 if out of
  * range): what a lock costs in /dev/shm. */
 uint64_t shl_segment_size(uint32_t max_processes);
@@ -221,16 +228,6 @@ int shl_close(shl_lock *h);
  * shares (core/layouts.c); UINT32_MAX attached: it cannot be read. */
 int shl_unlink(const char *name, int force, uint32_t *attached);
 
-/* Blocking calls; deadline_ns is CLOCK_MONOTONIC, -1 waits forever, any
- * past value (0) tries once.  Return SHL_OK, SHL_TIMEDOUT, SHL_EINTR or <0. */
-int shl_acquire_read(shl_lock *h, int64_t deadline_ns);
-int shl_acquire_write(shl_lock *h, int64_t deadline_ns);
-int shl_acquire_update(shl_lock *h, int64_t deadline_ns);
-int shl_resume(shl_lock *h, int64_t deadline_ns, uint32_t flags);   /* SHL_RESUME_* */
-int shl_wait_unpinned(shl_lock *h, int64_t deadline_ns);
-int shl_wait_resumed(shl_lock *h, int64_t deadline_ns);
-int shl_wait_drained(shl_lock *h, int64_t deadline_ns);
-
 int shl_release_read(shl_lock *h);
 int shl_release_write(shl_lock *h);
 int shl_release_update(shl_lock *h);
@@ -241,20 +238,19 @@ int shl_is_paused(shl_lock *h);
 int shl_is_locked(shl_lock *h);
 
 /* Update sessions: an update pin owned by a token, not by a process.
- *   shl_session_begin  wait until no session pins the pause, take an update
- *                      hold (drains readers unless paused), pause, pin the
- *                      pause for ttl_ns, release the hold; *token is the
- *                      session's (never 0).  Blocking like the calls above.
- *   shl_session_pin    the pin step alone, for a caller that holds the
- *                      update hold (asyncio): SHL_OK, SHL_AGAIN (another
- *                      session pins it: wait unpinned, retry), SHL_ENOHOLD.
+ * Beginning one is: wait until no session pins the pause (SHL_KIND_UNPINNED),
+ * take an update hold (drains readers unless paused), then
+ *   shl_session_pin    pause, pin the pause for ttl_ns and return the
+ *                      session's token (never 0) in *token, for a caller
+ *                      that holds the update hold (it releases it after):
+ *                      SHL_OK, SHL_AGAIN (another session pins it: wait
+ *                      unpinned, retry), SHL_ENOHOLD.
  *   shl_session_end    end the session `token` from any process; the gate
  *                      stays paused (resume opens it).  SHL_ENOSESSION if
  *                      it is not the current session (ended, expired).
  * A session not ended within ttl_ns expires: the pause stays, the data is
  * marked suspect (resume refuses with SHL_ESUSPECT until a completed update
  * or a forced resume), and the recovery log records SHL_LOST_SESSION. */
-int shl_session_begin(shl_lock *h, int64_t ttl_ns, int64_t deadline_ns, uint64_t *token);
 int shl_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token);
 int shl_session_end(shl_lock *h, uint64_t token);
 
@@ -267,9 +263,12 @@ int shl_fence_raise(shl_lock *h, uint64_t token, uint64_t *now);
 int shl_fence_applied(shl_lock *h, uint64_t token);
 int shl_fence_get(shl_lock *h, uint64_t *fence, uint64_t *applied);
 
-/* The building blocks of the blocking calls, for callers that park
- * elsewhere (asyncio): try, and on SHL_AGAIN wait or park, then try again;
- * shl_cancel undoes an attempt that is given up. */
+/* An attempt, step by step (the binding's loop, csrc/fastpath/attempt.c,
+ * is the only one): shl_try, and on SHL_AGAIN shl_wait (deadline_ns is
+ * CLOCK_MONOTONIC, -1 forever; SHL_OK: try again, SHL_TIMEDOUT, SHL_EINTR) or
+ * park with the watcher, then shl_try again; shl_cancel undoes an attempt
+ * that is given up.  A waiter with kind SHL_KIND_* waits for a hold or for
+ * the gate (resume, resumed, drained, unpinned). */
 int shl_try(shl_lock *h, shl_waiter *w);
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
 void shl_cancel(shl_lock *h, shl_waiter *w);

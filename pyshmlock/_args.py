@@ -1,7 +1,11 @@
-"""Checking the arguments a lock is opened with: its name, group and mode."""
+"""Checking the arguments a lock is opened with: its name, group and mode;
+and where a name's segment lives (:func:`segment_path`)."""
 import grp
+import os
 import re
 from typing import Any, Union
+
+from ._shmlock import ffi, lib
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}\Z")
 
@@ -15,6 +19,22 @@ def check_name(name: Any) -> str:
         raise ValueError(
             f"invalid lock name {name!r}: use 1-200 characters from [A-Za-z0-9._-]")
     return name
+
+
+def segment_path(name: str, file: bool = True) -> str:
+    """The file of the lock ``name`` ("/dev/shm/pyshmlock.<name>"), or with
+    ``file=False`` its POSIX shared-memory object's name ("/pyshmlock.<name>").
+    The rule is the C core's (shl_segment_path), defined there once."""
+    buf = ffi.new("char[]", lib.SHL_PATH_MAX)
+    if lib.shl_segment_path(check_name(name).encode(), int(file), buf, lib.SHL_PATH_MAX) < 0:
+        raise ValueError(f"invalid lock name {name!r}")
+    return str(ffi.string(buf).decode())
+
+
+# The directory of every lock's file, and the prefix of their names there
+# (`pyshmlock ls` lists the directory), from the rule above.
+SHM_DIR, _first = os.path.split(segment_path("_"))
+SHM_PREFIX = _first[:-1]
 
 
 def check_group(group: Union[int, str, None]) -> int:

@@ -6,11 +6,11 @@ import os
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._args import SHM_DIR as SHM_DIR
+from ._args import SHM_PREFIX as SHM_PREFIX
+from ._args import segment_path
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for, open_error
-
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "pyshmlock."
 
 _OK = lib.SHL_OK
 
@@ -46,7 +46,7 @@ os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 def _segment_key(name: str) -> Optional[Tuple[int, int]]:
     try:
-        st = os.stat(os.path.join(SHM_DIR, SHM_PREFIX + name))
+        st = os.stat(segment_path(name))
     except OSError:
         return None
     return (st.st_dev, st.st_ino)

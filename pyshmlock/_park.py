@@ -1,12 +1,15 @@
 """Parking an asyncio task while its attempt waits (see pyshmlock.aio).
 
-A parked task awaits a :class:`_ParkFuture`.  One helper per (process,
-lock), :class:`_Helper`, owns the C watcher thread (``shl_watcher``, which
-never takes the GIL) and one eventfd per event loop; the loop's reader
-callback wakes that loop's parked tasks, each of which retries its attempt
-right there.  The helpers are forgotten in a forked child, and a lock's
-last close refuses while tasks of this process are parked on it (a close
-hook), then stops the watcher.
+The attempt is C (``_fast.Attempt``: try, retry, withdraw, the deadline);
+when its try must wait it calls :func:`park` here, with its registrations
+kept, and its task awaits the :class:`_ParkFuture` that returns; woken, it
+tries again and calls park() again or, once it ends, :func:`unpark`.  One
+helper per (process, lock), :class:`_Helper`, owns the C watcher thread
+(``shl_watcher``, which never takes the GIL) and one eventfd per event loop;
+the loop's reader callback wakes that loop's parked tasks, each of which
+retries its attempt right there.  The helpers are forgotten in a forked
+child, and a lock's last close refuses while tasks of this process are
+parked on it (a close hook), then stops the watcher.
 """
 import asyncio
 import collections
@@ -16,12 +19,14 @@ import threading
 import weakref
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
+from . import _fast
 from ._attachment import _Attachment, _close_hooks
+from ._fastpath import CALL_NAMES
 from ._shmlock import ffi, lib
-from .errors import LockInUseError, error_for
+from .errors import LockClosingError, LockInUseError, error_for
 from .lock import RWLock
 
-__all__ = ["closing_error", "is_closing", "notify_closing", "park"]
+__all__ = ["notify_closing", "park", "unpark"]
 
 
 class _ParkFuture:
@@ -147,21 +152,39 @@ class _ParkFuture:
 
 
 class _Parked:
-    __slots__ = ("future", "gen", "loop", "lw", "waiter")
+    """The parking record of one attempt (kept across its parks): its loop,
+    the future it waits on now, its registration with the watcher (gen,
+    lw), and its deadline's timer (one per attempt, not per park)."""
+    __slots__ = ("attempt", "future", "gen", "helper", "loop", "lw", "timer", "waiter")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: _ParkFuture,
-                 waiter: Any) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, attempt: Any) -> None:
         self.loop = loop
-        self.future = future
-        self.waiter = waiter
+        self.attempt = attempt      # keeps the waiter below alive
+        self.waiter = ffi.cast("shl_waiter *", attempt._waiter)
+        self.future: Optional[_ParkFuture] = None
+        self.helper: Optional[_Helper] = None
         self.gen = 0
         self.lw: Optional[_LoopWake] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+
+    def time_up(self) -> None:
+        # The deadline's timer: the attempt sees the deadline passed when
+        # it tries again (or, fired a hair early, parks with a new timer).
+        self.timer = None
+        f = self.future
+        if f is not None and not f.done():
+            f.set_result(None)
 
 
 def _wake_futures(futures: List[_ParkFuture]) -> None:
     for f in futures:
         if not f.done():
             f.set_result(None)
+
+
+def _futures(lw: "_LoopWake") -> List[_ParkFuture]:
+    """The futures the attempts parked on lw wait on now."""
+    return [p.future for p in list(lw.parked.values()) if p.future is not None]
 
 
 class _Fd:
@@ -247,7 +270,8 @@ class _Helper:
             if rc == lib.SHL_OK:
                 p.gen = self._gen[0]
                 p.lw = lw
-                lw.parked[id(p.future)] = p
+                p.helper = self
+                lw.parked[id(p)] = p
                 return True
         if rc == lib.SHL_AGAIN or rc == lib.SHL_ECLOSED:
             return False
@@ -296,7 +320,7 @@ class _Helper:
         (then _on_wake already forgot it, and this costs nothing)."""
         lw = p.lw
         # lw.parked changes only on the loop's thread (close() only reads it).
-        if lw is None or lw.parked.pop(id(p.future), None) is None:
+        if lw is None or lw.parked.pop(id(p), None) is None:
             return
         if self.forked():
             return       # the parent's watcher: not ours to touch (see forked)
@@ -338,13 +362,16 @@ class _Helper:
             # cancelled meanwhile).
             while i < len(woken):
                 i += 1
-                woken[i - 1].future.wake()
+                f = woken[i - 1].future
+                if f is not None:
+                    f.wake()
         finally:
             # Interrupted anywhere above (KeyboardInterrupt, SystemExit): the
             # tasks not woken yet still wake, through call_soon.
             for p in woken[i:]:
-                if not p.future.done():
-                    p.future.set_result(None)
+                f = p.future
+                if f is not None and not f.done():
+                    f.set_result(None)
 
     def _forget_woken(self, woken: List[_Parked]) -> None:
         # The registrations of this generation that the watcher still counts
@@ -395,8 +422,7 @@ class _Helper:
             self.loops.clear()
         for loop, lw in loops:
             try:
-                loop.call_soon_threadsafe(_wake_futures,
-                                          [p.future for p in list(lw.parked.values())])
+                loop.call_soon_threadsafe(_wake_futures, _futures(lw))
             except RuntimeError:
                 pass    # that loop is closed; its tasks are gone
         lib.shl_watcher_free(self.watcher)     # joins the thread: no more writes
@@ -446,7 +472,7 @@ def _before_close(att: _Attachment) -> None:
                 if loop.is_closed():
                     abandoned, lw.parked = list(lw.parked.values()), {}
                     for p in abandoned:
-                        lib.shl_cancel(att.handle, p.waiter)
+                        p.attempt._cancel()
                 else:
                     waiting += len(lw.parked)
         if waiting:
@@ -472,15 +498,7 @@ def _helper_for(lock: RWLock) -> _Helper:
         return helper
 
 
-def is_closing(lock: RWLock) -> bool:
-    """Whether notify_closing ended the waits for this lock in this process."""
-    att = lock._att
-    return att is not None and att.key in _closing
-
-
-def closing_error(lock: RWLock, kind: int) -> BaseException:
-    from .errors import LockClosingError
-    from .holds import CALL_NAMES
+def _closing_error(lock: RWLock, kind: int) -> BaseException:
     return LockClosingError(f"lock {lock.name!r}: {CALL_NAMES.get(kind, 'wait')} ended: "
                             "notify_closing() was called (the process is shutting down)")
 
@@ -513,7 +531,7 @@ def _wake_for_closing(key: Tuple[int, int]) -> None:
         return
     with helper.mu:
         loops = helper.live_loops()
-        parked = [(loop, [p.future for p in list(lw.parked.values())]) for loop, lw in loops]
+        parked = [(loop, _futures(lw)) for loop, lw in loops]
     for loop, futures in parked:
         if futures:
             try:
@@ -522,19 +540,47 @@ def _wake_for_closing(key: Tuple[int, int]) -> None:
                 pass    # a closed loop: its tasks are gone
 
 
-async def park(lock: RWLock, loop: asyncio.AbstractEventLoop, w: Any,
-                remaining: Optional[float]) -> None:
-    """Sleep until the watcher sees attempt w's word change, or `remaining`
-    seconds pass; returns at once if the word changed already."""
+def park(attempt: Any) -> Optional[_ParkFuture]:
+    """Called by the attempt (C, on its loop's thread) when its try must
+    wait: register it with the watcher and return the future its task is to
+    wait on, or None if its word changed already (try again now).  Raises
+    LockClosingError once notify_closing() was called (the attempt is then
+    withdrawn).  The attempt's earlier registration, if any, goes first."""
+    lock = attempt.lock
+    att = lock._att
+    if att is not None and att.key in _closing:
+        raise _closing_error(lock, attempt.kind)
+    p = attempt._parked
+    if p is None:
+        p = attempt._parked = _Parked(asyncio.get_running_loop(), attempt)
+    elif p.helper is not None:
+        p.helper.unpark(p)      # woken by its timer or set_result: still registered
     helper = _helper_for(lock)
-    fut = _ParkFuture(loop)
-    parked = _Parked(loop, fut, w)
-    if not helper.park(parked):
-        return          # its word changed already: retry at once
-    timer = None if remaining is None else loop.call_later(remaining, _wake_futures, [fut])
-    try:
-        await fut
-    finally:
-        helper.unpark(parked)
-        if timer is not None:
-            timer.cancel()
+    fut = p.future = _ParkFuture(p.loop)
+    if not helper.park(p):
+        return None             # its word changed already: try again now
+    if p.timer is None:
+        remaining = attempt.remaining
+        if remaining is not None:
+            p.timer = p.loop.call_later(remaining, p.time_up)
+    fut._asyncio_future_blocking = True     # what `yield fut` in __await__ would set
+    return fut
+
+
+def unpark(attempt: Any) -> None:
+    """Called by the attempt when it ends (had, timed out, failed, cancelled,
+    closed or collected): forget its record.  Takes no lock it would wait
+    for: the garbage collector runs it at any allocation (see
+    _Helper.unpark)."""
+    p = attempt._parked
+    if p is None:
+        return
+    if p.helper is not None:
+        p.helper.unpark(p)
+    if p.timer is not None:
+        p.timer.cancel()
+        p.timer = None
+    p.future = None
+
+
+_fast.set_park(park, unpark)

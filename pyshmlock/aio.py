@@ -1,35 +1,35 @@
 """asyncio-native waiting on a shared lock: :class:`AsyncRWLock`.
 
-How a coroutine waits:
+How a coroutine waits (docs/DESIGN.md §3, "The path of a hold"): every hold
+and wait is one attempt of the C fast path (``_fast.Attempt``, the attempt a
+blocking call makes too), awaited on the event-loop thread.
 
-1. It makes a non-blocking attempt (``shl_try``) on the event-loop thread.
-   Holds are only ever taken there.
-2. If the attempt must wait, the task parks on a future.  Its attempt keeps
-   its place in the protocol (an owed-reader registration, or a writer's
-   claim, which already blocks new readers).
-3. One helper thread per lock per process (``shl_watcher``, in C, never
+1. ``acquire_*()`` and a hold's ``__aenter__`` are C methods; the attempt
+   tries on the loop thread.  Granted: the await completes at once, with no
+   Python frame of ours.  Holds are only ever taken there.
+2. If the attempt must wait, it hands itself, its registrations kept (an
+   owed-reader count, or a writer's claim, which already blocks new
+   readers), to the parking code (``_park.py``), and the task parks on the
+   future that returns.
+3. One watcher thread per lock per process (``shl_watcher``, in C, never
    holding the GIL) sleeps on the futex words that the parked attempts wait
-   on, and on the processes they wait for.  A newly parked attempt is
-   watched at once.  When anything changes it writes to one eventfd per
-   event loop; the loop's reader callback wakes its parked tasks, each of
-   which retries its attempt right there, in the callback (a parked task
-   awaits a :class:`_ParkFuture`).  Every woken task retries, so no
-   wake-up is lost.
+   on, and on the processes they wait for.  When anything changes it writes
+   to one eventfd per event loop; the loop's reader callback wakes its
+   parked tasks, each of which retries its attempt right there.
 4. Cancellation or timeout withdraws the attempt (``shl_cancel``): no hold,
    no waiter count and no writer claim is left behind, and readers that a
    cancelled writer was blocking get in at once.
 """
 import asyncio
-import time
-from typing import Any, ContextManager, Coroutine, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, ContextManager, NoReturn, Optional
 
-from . import holds as _holds
+from . import _fastpath
 from ._args import DEFAULT_MODE, check_bool
-from ._deadline import deadline_ns
-from ._park import closing_error, is_closing, notify_closing, park
-from ._shmlock import ffi, lib
-from .errors import ManagedLockError, error_for, managed_error
-from .holds import CALL_NAMES, HOLD_KINDS, hold_repr, hold_would_wait, own_holds
+from ._fastpath import deadline_ns
+from ._park import notify_closing
+from ._shmlock import lib
+from .errors import ManagedLockError, managed_error
+from .holds import hold_repr, hold_would_wait, own_holds
 from .info import SessionInfo
 from .lock import (
     DEFAULT_SESSION_TTL,
@@ -39,100 +39,15 @@ from .lock import (
     _reopen,
     _token,
     no_plain_with,
+    session_pin,
+    session_timeout,
     session_ttl_ns,
 )
 
-__all__ = ["AsyncHold", "AsyncRWLock", "async_acquire"]
-
-_try_read_once = lib.shl_acquire_read     # with a past deadline: one attempt
+__all__ = ["AsyncHold", "AsyncRWLock"]
 
 
-async def async_acquire(lock: RWLock, kind: int, timeout: Optional[float],
-                        flags: int = 0) -> bool:
-    """Wait for a hold (or condition) of `kind` without blocking the loop.
-
-    Returns True once had, False on timeout; cancellation withdraws the
-    attempt and re-raises.
-    """
-    h = lock._handle()
-    deadline = deadline_ns(timeout)
-    if kind == lib.SHL_KIND_READ and _read_at_once(lock, h):
-        return True
-    w = _shared_waiter(kind, flags)
-    loop = asyncio.get_running_loop()
-    try:
-        while True:
-            if _attempt(lock, h, w, kind):
-                return True
-            remaining = None if deadline < 0 else (deadline - time.monotonic_ns()) / 1e9
-            if remaining is not None and remaining <= 0:
-                lib.shl_cancel(h, w)
-                return False
-            if is_closing(lock):
-                raise closing_error(lock, kind)
-            await park(lock, loop, w, remaining)
-    except BaseException:
-        lib.shl_cancel(h, w)     # cancelled or failed: leave nothing behind
-        raise
-
-
-def _read_at_once(lock: RWLock, h: Any) -> bool:
-    """The fast path of a read: one try in C with no allocation; the task
-    parks only if it fails."""
-    rc = _try_read_once(h, 0)
-    if rc == lib.SHL_OK:
-        return True
-    # SHL_EDEADLK: this thread owns the exclusive hold.  A blocking call
-    # would wait forever; a task waits for another task of its loop to
-    # release it, so it parks (its attempt is shared_thread).
-    if rc < 0 and rc != lib.SHL_EDEADLK:
-        raise error_for(rc, "acquire_read", lock.name)
-    return False
-
-
-def _shared_waiter(kind: int, flags: int = 0) -> Any:
-    """An attempt of `kind` made for the process, not this thread: a task
-    may wait for a hold another task of its thread has."""
-    w = ffi.new("shl_waiter *")
-    w.kind = kind
-    w.flags = flags
-    w.shared_thread = 1
-    return w
-
-
-def _attempt(lock: RWLock, h: Any, w: Any, kind: int) -> bool:
-    """One non-blocking step of attempt w: True once had, False if it must
-    wait (its registrations stay until shl_cancel)."""
-    rc = lib.shl_try(h, w)
-    if rc == lib.SHL_OK:
-        return True
-    if rc != lib.SHL_AGAIN:
-        raise error_for(rc, CALL_NAMES.get(kind, "acquire"), lock.name)
-    return False
-
-
-_holds._async_acquire = async_acquire
-
-
-def _left(deadline: int) -> Optional[float]:
-    """Seconds left until an absolute deadline (None: forever)."""
-    if deadline < 0:
-        return None
-    return max(0.0, (deadline - time.monotonic_ns()) / 1e9)
-
-
-def _try_once(lock: RWLock, kind: int, flags: int = 0) -> bool:
-    """One attempt of `kind` on this thread, as a task makes it; nothing is
-    left behind if it must wait."""
-    h = lock._handle()
-    w = _shared_waiter(kind, flags)
-    if _attempt(lock, h, w, kind):
-        return True
-    lib.shl_cancel(h, w)
-    return False
-
-
-class AsyncHold:
+class AsyncHold(_fastpath.Hold):
     """One kind of hold (``kind`` is "read", "write" or "update") of an
     :class:`AsyncRWLock`, shaped like :class:`asyncio.Lock`.
 
@@ -143,23 +58,19 @@ class AsyncHold:
     TypeError: it would block the event loop.
     """
 
-    __slots__ = ("__weakref__", "_c_release", "_code", "_what", "kind", "lock", "timeout")
+    # ``AsyncHold(lock, code, timeout)``, ``lock`` the RWLock.  __aenter__/
+    # __aexit__, release(), lock, kind and timeout are the C base's
+    # (csrc/fastpath/hold.c): a granted `async with` runs no Python frame.
+    __slots__ = ("__weakref__",)
 
-    def __init__(self, lock: RWLock, code: int, timeout: Optional[float]) -> None:
-        self.lock = lock
-        self._code = code
-        self.kind, _, self._c_release, self._what = HOLD_KINDS[code]
-        self.timeout = timeout
+    if TYPE_CHECKING:
+        @property
+        def lock(self) -> RWLock: ...
 
-    async def acquire(self, timeout: Optional[float] = None) -> bool:
-        """Take the hold: True once had, False on timeout (None waits forever)."""
-        return await async_acquire(self.lock, self._code, timeout)
-
-    def release(self) -> None:
-        """Give the hold back (NotHeldError if this process has none)."""
-        rc = self._c_release(self.lock._h)
-        if rc:
-            raise error_for(rc, "release of " + self._what, self.lock.name)
+        def acquire(self, timeout: Optional[float] = None) -> Awaitable[bool]:
+            """Take the hold: True once had, False on timeout (None waits forever)."""
+    else:
+        acquire = _fastpath.Hold._acquire_async
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -170,16 +81,7 @@ class AsyncHold:
 
     def locked(self) -> bool:
         """Whether a new hold of this kind would have to wait now."""
-        return hold_would_wait(self.lock, self._code)
-
-    async def __aenter__(self) -> "AsyncHold":
-        if not await async_acquire(self.lock, self._code, self.timeout):
-            raise TimeoutError(f"{self._what} of lock {self.lock.name!r} not had "
-                               f"within {self.timeout} s")
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.release()
+        return hold_would_wait(self.lock, self._kind)
 
     def __enter__(self) -> NoReturn:
         raise TypeError(f"{self._what} of an AsyncRWLock: use `async with`, not `with` "
@@ -193,7 +95,7 @@ class AsyncHold:
         return hold_repr(self, "AsyncHold")
 
 
-class AsyncRWLock:
+class AsyncRWLock(_fastpath.AsyncLock):
     """The asyncio view of a shared lock: same segment, same semantics as
     :class:`RWLock` (a process may hold both views of one name; holds belong
     to the process either way).
@@ -230,32 +132,33 @@ class AsyncRWLock:
     #: ``async with lock.update_lock:`` holds an update for the block.
     update_lock: AsyncHold
 
+    if TYPE_CHECKING:
+        @property
+        def _lock(self) -> RWLock:
+            """The RWLock this object works on (the C base's)."""
+
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Any = None,
                  stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
-        self._lock = RWLock(name, create=create, mode=mode, max_processes=max_processes,
-                            group=group, stale=stale, _fail_closed=_fail_closed)
+        self._bind(RWLock(name, create=create, mode=mode, max_processes=max_processes,
+                          group=group, stale=stale, _fail_closed=_fail_closed))
         self.name = name
         self.reader_lock = AsyncHold(self._lock, lib.SHL_KIND_READ, None)
         self.writer_lock = AsyncHold(self._lock, lib.SHL_KIND_WRITE, None)
         self.update_lock = AsyncHold(self._lock, lib.SHL_KIND_UPDATE, None)
+        # Their bound __aenter__/__aexit__ (and the completed awaitable of a
+        # granted `async with`) are made once (csrc/fastpath/hold.c).
+        for hold in (self.reader_lock, self.writer_lock, self.update_lock):
+            hold._keep_bound()
 
-    # -- coroutines ----------------------------------------------------
-
-    async def acquire_read(self, timeout: Optional[float] = None) -> bool:
-        """Take a shared hold; False on timeout (see RWLock.acquire_read)."""
-        return await async_acquire(self._lock, lib.SHL_KIND_READ, timeout)
-
-    async def acquire_write(self, timeout: Optional[float] = None) -> bool:
-        """Take the exclusive hold; False on timeout (see RWLock.acquire_write)."""
-        return await async_acquire(self._lock, lib.SHL_KIND_WRITE, timeout)
-
-    async def acquire_update(self, timeout: Optional[float] = None) -> bool:
-        """Take the pause-aware exclusive hold (see RWLock.acquire_update)."""
-        return await async_acquire(self._lock, lib.SHL_KIND_UPDATE, timeout)
+    # -- awaitables ----------------------------------------------------
+    # acquire_read/acquire_write/acquire_update(timeout=None) are the C
+    # base's (_fastpath.AsyncLock): awaitables of True, or False on timeout,
+    # that try when awaited and park only if they must wait.  So are the
+    # releases (plain calls).
 
     def resume(self, timeout: Optional[float] = None, *,
-               force: bool = False) -> Coroutine[Any, Any, bool]:
+               force: bool = False) -> Awaitable[bool]:
         """Open the gate; await the result for True once the lock runs, False
         on timeout (see RWLock.resume: DataSuspectError, ManagedLockError,
         ``force``).
@@ -266,19 +169,19 @@ class AsyncRWLock:
         session to release the pause needs the await: an un-awaited resume()
         of a pinned lock leaves it paused (Python warns about the unawaited
         coroutine)."""
-        deadline_ns(timeout)           # a bad timeout raises now
+        deadline = deadline_ns(timeout)           # a bad timeout raises now
         flags = lib.SHL_RESUME_FORCE if check_bool(force, "force") else 0
         try:
-            done = _try_once(self._lock, lib.SHL_KIND_RESUME, flags)
+            attempt = self._attempt(lib.SHL_KIND_RESUME, deadline, flags, True)
         except ManagedLockError as e:
             raise managed_error(e, self._lock) from None
-        return self._resume_rest(done, timeout, flags)
+        if isinstance(attempt, _fastpath.Done):
+            return attempt             # the gate is open: True at once
+        return self._resume_rest(attempt)
 
-    async def _resume_rest(self, done: bool, timeout: Optional[float], flags: int) -> bool:
-        if done:
-            return True
+    async def _resume_rest(self, attempt: Awaitable[bool]) -> bool:
         try:
-            return await async_acquire(self._lock, lib.SHL_KIND_RESUME, timeout, flags)
+            return await attempt
         except ManagedLockError as e:
             raise managed_error(e, self._lock) from None
 
@@ -287,21 +190,13 @@ class AsyncRWLock:
         """Begin an update session; returns its token (see RWLock.begin_session)."""
         ttl_ns = session_ttl_ns(ttl)
         deadline = deadline_ns(timeout)
-        lock = self._lock
         while True:
-            if not await async_acquire(lock, lib.SHL_KIND_UNPINNED, _left(deadline)) or \
-                    not await async_acquire(lock, lib.SHL_KIND_UPDATE, _left(deadline)):
-                raise TimeoutError(f"lock {self.name!r}: update session not begun within "
-                                   f"{timeout} s")
-            token = ffi.new("uint64_t *")
-            try:
-                rc = lib.shl_session_pin(lock._h, ttl_ns, token)
-            finally:
-                lock.release_update()
-            if rc == lib.SHL_OK:
-                return int(token[0])
-            if rc != lib.SHL_AGAIN:           # SHL_AGAIN: another session pinned first
-                raise error_for(rc, "begin_session", self.name)
+            if not await self._attempt(lib.SHL_KIND_UNPINNED, deadline) or \
+                    not await self._attempt(lib.SHL_KIND_UPDATE, deadline):
+                raise session_timeout(self.name, timeout)
+            token = session_pin(self._lock, ttl_ns)
+            if token is not None:
+                return token
 
     def end_session(self, token: int) -> None:
         """End the update session ``token`` (see RWLock.end_session)."""
@@ -331,27 +226,17 @@ class AsyncRWLock:
         _token(token)
         return FencedUpdate(self._lock, token, self.update(timeout))
 
-    async def wait_resumed(self, timeout: Optional[float] = None) -> bool:
+    def wait_resumed(self, timeout: Optional[float] = None) -> Awaitable[bool]:
         """Wait until the lock is not paused; False on timeout."""
-        return await async_acquire(self._lock, lib.SHL_KIND_RESUMED, timeout)
+        return self._attempt(lib.SHL_KIND_RESUMED, deadline_ns(timeout))
 
-    async def wait_drained(self, timeout: Optional[float] = None) -> bool:
+    def wait_drained(self, timeout: Optional[float] = None) -> Awaitable[bool]:
         """Wait until no read hold exists in any process; False on timeout."""
-        return await async_acquire(self._lock, lib.SHL_KIND_DRAINED, timeout)
+        return self._attempt(lib.SHL_KIND_DRAINED, deadline_ns(timeout))
 
     # -- plain methods -------------------------------------------------
 
-    def release_read(self) -> None:
-        """Give back one read hold of this process."""
-        self._lock.release_read()
-
-    def release_write(self) -> None:
-        """Give back this process's write hold."""
-        self._lock.release_write()
-
-    def release_update(self) -> None:
-        """Give back this process's update hold."""
-        self._lock.release_update()
+    # release_read(), release_write(), release_update() are the C base's.
 
     def pause(self) -> bool:
         """Close the gate everywhere; never blocks (see RWLock.pause)."""

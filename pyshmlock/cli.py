@@ -27,7 +27,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from ._args import check_name
+from ._args import check_name, segment_path
 from .errors import (
     LayoutVersionError,
     LockInUseError,
@@ -243,7 +243,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _segment_id(name: str) -> Optional[Tuple[int, int]]:
     try:
-        st = os.stat(os.path.join(SHM_DIR, SHM_PREFIX + name))
+        st = os.stat(segment_path(name))
     except FileNotFoundError:
         return None
     return (st.st_dev, st.st_ino)

@@ -11,6 +11,7 @@ import os
 import pwd
 from typing import Any, Optional
 
+from ._args import segment_path
 from ._shmlock import ffi, lib
 
 
@@ -156,7 +157,7 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         return ValueError(f"{where}{what}: invalid argument")
     if rc == lib.SHL_ESYS:
         err = ffi.errno or _errno.EIO
-        path = f"/dev/shm/pyshmlock.{name}" if name else None
+        path = segment_path(name) if name else None
         return OSError(err, f"{what}: {os.strerror(err)}", path)
     return PyshmlockError(f"{where}{what}: unexpected return code {rc}")
 
@@ -197,7 +198,7 @@ def _group(gid: int) -> str:
 def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
                     unlinking: bool = False) -> PermissionError:
     """The PermissionError for a segment this process refuses to trust."""
-    path = f"/dev/shm/pyshmlock.{name}"
+    path = segment_path(name)
     if info is None:   # unlink: describe the file as it is now
         try:
             st = os.stat(path)
@@ -266,7 +267,7 @@ def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
                        "created. Free space there, or give it more (a container's "
                        "/dev/shm is 64 MB by default: docker run --shm-size, or a larger "
                        "tmpfs); `df -h /dev/shm` shows what is left",
-                       f"/dev/shm/pyshmlock.{name}")
+                       segment_path(name))
     if rc == lib.SHL_EPERM:
         return untrusted_error(name, info, mode, gid)
     if rc == lib.SHL_ESIZE:

@@ -1,14 +1,14 @@
-"""Holds: the one table of hold kinds (:data:`HOLD_KINDS`, read by the
-blocking and the asyncio holds alike), the blocking hold object
-:class:`SyncHold`, and the helpers both hold types share (``locked()``,
-the repr, this process's holds for a lock's repr)."""
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+"""Holds: the blocking hold object :class:`SyncHold`, and the helpers both
+hold types share (``locked()``, the repr, this process's holds for a lock's
+repr).  Both hold types subclass the C base ``_fast.Hold``: ``with``,
+``async with``, ``release()``, ``lock``, ``kind`` and ``timeout`` are its."""
+from typing import TYPE_CHECKING, Any, Optional
 
 # ==================================================== C fast path (issue 14)
-# SyncHold's __enter__/__exit__ (and RWLock's hold calls, see lock.py) are
-# methods of C base types, pyshmlock._fast (csrc/fastpath/).  Importing
-# pyshmlock._fastpath hands the base types the core's entry points, the
-# timeout rule and the error mapping before any class below exists.
+# SyncHold's __enter__/__exit__/__aenter__/__aexit__ (and RWLock's hold
+# calls, see lock.py) are methods of C base types, pyshmlock._fast
+# (csrc/fastpath/).  Importing pyshmlock._fastpath hands the base types the
+# core's entry points and the error mapping before any class below exists.
 # Subclasses must not override those methods.
 from . import _fastpath
 
@@ -20,36 +20,11 @@ _OK = lib.SHL_OK
 if TYPE_CHECKING:       # for annotations only: lock.py imports this module
     from .lock import RWLock
 
-#: The one table of hold kinds, for the blocking and the asyncio holds:
-#: kind code -> (name, C acquire, C release, what a message calls it).
-HOLD_KINDS: Dict[int, Tuple[str, Callable[[Any, int], int], Callable[[Any], int], str]] = {
-    lib.SHL_KIND_READ: ("read", lib.shl_acquire_read, lib.shl_release_read, "read hold"),
-    lib.SHL_KIND_WRITE: ("write", lib.shl_acquire_write, lib.shl_release_write, "write hold"),
-    lib.SHL_KIND_UPDATE: ("update", lib.shl_acquire_update, lib.shl_release_update,
-                          "update hold"),
-}
-
-#: Every kind of attempt (holds and the waits that are not holds) -> the
-#: name of the call that makes it, for error messages.
-CALL_NAMES: Dict[int, str] = {
-    **{code: "acquire_" + kind[0] for code, kind in HOLD_KINDS.items()},
-    lib.SHL_KIND_RESUME: "resume",
-    lib.SHL_KIND_RESUMED: "wait_resumed",
-    lib.SHL_KIND_DRAINED: "wait_drained",
-    lib.SHL_KIND_UNPINNED: "begin_session",
-}
-
 
 # The state word's bits that say whether a new hold would wait, exported by
 # csrc/shmlock.h (see the layout in csrc/core/internal.h).
 _ST_OWNER = lib.SHL_STATE_OWNER_MASK
 _ST_PAUSED = lib.SHL_STATE_PAUSED
-
-# Set by pyshmlock.aio when it is imported (pyshmlock's __init__ always
-# imports it): the coroutine that waits for a hold without blocking a loop.
-# A hook, so that this module never imports pyshmlock.aio.
-_async_acquire: Optional[Callable[..., Any]] = None
-
 
 def hold_would_wait(lock: "RWLock", code: int) -> bool:
     """``locked()`` of a hold: whether a new hold of this kind would have to
@@ -92,33 +67,15 @@ class SyncHold(_fastpath.Hold):
     holds gets WouldDeadlockError (``acquire(blocking=False)`` returns False).
     """
 
-    # ``SyncHold(lock, code, timeout)``.  __enter__/__exit__ are the C base's
-    # (csrc/fastpath/hold.c): the uncontended enter and exit are one C call each,
-    # with no Python frame.  Do not override them here.
+    # ``SyncHold(lock, code, timeout)``.  __enter__/__exit__, __aenter__/
+    # __aexit__, release(), lock, kind and timeout are the C base's
+    # (csrc/fastpath/hold.c): the uncontended enter and exit are one C call
+    # each, with no Python frame.  Do not override them here.
     __slots__ = ("__weakref__",)
 
-    @property
-    def lock(self) -> "RWLock":
-        """The lock this is a hold of."""
-        return self._lock  # type: ignore[no-any-return]
-
-    @property
-    def kind(self) -> str:
-        """"read", "write" or "update"."""
-        return HOLD_KINDS[self._kind][0]
-
-    @property
-    def timeout(self) -> Optional[float]:
-        """The timeout of ``with hold:`` (None: wait forever)."""
-        return self._timeout
-
-    @property
-    def _code(self) -> int:
-        return self._kind
-
-    @property
-    def _what(self) -> str:
-        return HOLD_KINDS[self._kind][3]
+    if TYPE_CHECKING:
+        @property
+        def lock(self) -> "RWLock": ...
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take the hold, as threading.Lock.acquire: True once had, False if
@@ -132,26 +89,11 @@ class SyncHold(_fastpath.Hold):
         else:
             t = timeout
         # The lock's own (C) acquire_<kind>: the same rules and errors.
-        return getattr(self._lock, "acquire_" + self.kind)(t)  # type: ignore[no-any-return]
-
-    def release(self) -> None:
-        """Give the hold back (NotHeldError, a RuntimeError, if this process
-        has none)."""
-        self.__exit__(None, None, None)
+        return getattr(self.lock, "acquire_" + self.kind)(t)  # type: ignore[no-any-return]
 
     def locked(self) -> bool:
         """Whether a new hold of this kind would have to wait now."""
-        return hold_would_wait(self.lock, self._code)
-
-    async def __aenter__(self) -> "SyncHold":
-        assert _async_acquire is not None
-        if not await _async_acquire(self.lock, self._code, self.timeout):
-            raise TimeoutError(f"{self._what} of lock {self.lock.name!r} not had "
-                               f"within {self.timeout} s")
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        self.__exit__()
+        return hold_would_wait(self.lock, self._kind)
 
     def __repr__(self) -> str:
         return hold_repr(self, "SyncHold")

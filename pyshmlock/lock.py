@@ -1,15 +1,15 @@
 """The blocking API: :class:`RWLock` and :func:`unlink`.
 
-A thin layer over the C core (``csrc/core/``): RWLock's hold calls are
-the C fast path's (``pyshmlock._fast``, a base type), every other method is
-one call into C, which does its own waiting with the GIL released.  This
-module keeps the Python-side rules of those calls: argument checking,
-signals, timeouts and error mapping.  The other concerns live next door:
-timeouts in ``_deadline``, opening and the per-process registry in
-``_attachment``, hold objects in ``holds``, snapshots in ``info``, stale
-segments in ``stale``.  Their public names are re-exported here, as before.
+A thin layer over the C core (``csrc/core/``): RWLock's hold calls and
+waits are the C fast path's (``pyshmlock._fast``, a base type, whose one
+attempt does every wait: csrc/fastpath/attempt.c), every other method is one
+call into C.  This module keeps the Python-side policy of those calls:
+argument checking and error mapping.  The other concerns live next door:
+opening and the per-process registry in ``_attachment``, hold objects in
+``holds``, snapshots in ``info``, stale segments in ``stale``.  Their public
+names are re-exported here, as before.
 """
-from typing import Any, Callable, ContextManager, NoReturn, Optional, Tuple, Union
+from typing import Any, ContextManager, NoReturn, Optional, Tuple, Union
 
 # C fast path (issue 14): RWLock subclasses _fastpath.Lock, whose methods
 # are the hold calls; importing _fastpath sets the base types up.
@@ -18,7 +18,7 @@ from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, c
 from ._args import check_name as check_name
 from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
 from ._attachment import _detach as _detach
-from ._deadline import deadline_ns as deadline_ns
+from ._fastpath import deadline_ns as deadline_ns
 from ._hostconf import fail_closed_for
 from ._shmlock import ffi, lib
 from .errors import (
@@ -74,6 +74,27 @@ def session_ttl_ns(ttl: Any) -> int:
     if ttl >= (1 << 62) / 1e9:        # 146 years or more (inf too): never expires
         return 1 << 62
     return max(1, int(ttl * 1e9))
+
+
+def session_pin(lock: Any, ttl_ns: int) -> Optional[int]:
+    """The last step of begin_session, for a caller that holds the update
+    hold (blocking or asyncio): pin the pause for a new session, release
+    the hold.  Its token, or None if another session pinned first (wait
+    until unpinned, then try again)."""
+    token = ffi.new("uint64_t *")
+    try:
+        rc = lib.shl_session_pin(lock._h, ttl_ns, token)
+    finally:
+        lock.release_update()
+    if rc == _OK:
+        return int(token[0])
+    if rc != lib.SHL_AGAIN:
+        raise error_for(rc, "begin_session", lock.name)
+    return None
+
+
+def session_timeout(name: str, timeout: Any) -> TimeoutError:
+    return TimeoutError(f"lock {name!r}: update session not begun within {timeout} s")
 
 
 def _token(token: Any) -> int:
@@ -134,60 +155,6 @@ class FencedUpdate:
 
     async def __aexit__(self, *exc: Any) -> None:
         self._done(exc[0] is not None)
-_TIMEDOUT = lib.SHL_TIMEDOUT
-_EINTR = lib.SHL_EINTR
-
-def _finish(rc: int, fn: Callable[[Any, int], int], h: Any, deadline: int,
-            what: str, name: str, kind: int = 0, flags: int = 0) -> bool:
-    """Slow tail of every blocking call: signals, timeouts and errors.
-
-    SHL_EINTR means a signal interrupted the wait with nothing left behind;
-    looping back into Python runs the signal handlers (Ctrl-C raises
-    KeyboardInterrupt here), then the wait resumes with the same deadline.
-    ``kind``/``flags``: the attempt ``fn`` makes, for the own-hold wait.
-    """
-    while rc == _EINTR:
-        rc = fn(h, deadline)
-    if rc == _OK:
-        return True
-    if rc == _TIMEDOUT:
-        return False
-    if rc == lib.SHL_EDEADLK and deadline >= 0 and kind:
-        # This thread has the exclusive hold it asks for.  Only a wait
-        # without end is refused (WouldDeadlockError); a try says False and
-        # a timed wait waits, as threading.Lock's would (another thread of
-        # this process may release the hold).
-        return deadline > 0 and _wait_as_any_thread(h, kind, deadline, what, name, flags)
-    raise error_for(rc, what, name)
-
-
-def _wait_as_any_thread(h: Any, kind: int, deadline: int, what: str, name: str,
-                        flags: int = 0) -> bool:
-    """A timed wait that does not count this thread's own exclusive hold as
-    a deadlock: the attempt is made as any thread of the process."""
-    w = ffi.new("shl_waiter *")
-    w.kind = kind
-    w.flags = flags
-    w.shared_thread = 1
-    try:
-        while True:
-            rc = lib.shl_try(h, w)
-            if rc == _OK:
-                return True
-            if rc != lib.SHL_AGAIN:
-                raise error_for(rc, what, name)
-            rc = lib.shl_wait(h, w, deadline)
-            if rc == _TIMEDOUT:
-                break
-            if rc not in (_OK, _EINTR):   # on EINTR, signal handlers run here
-                raise error_for(rc, what, name)
-    except BaseException:
-        lib.shl_cancel(h, w)
-        raise
-    lib.shl_cancel(h, w)
-    return False
-
-
 class _Attached:
     """What ``attached()`` returns: the lock for a ``with`` (or ``async
     with``) block, closed when the block ends."""
@@ -383,15 +350,8 @@ class RWLock(_fastpath.Lock):
         return self._resume(timeout, lib.SHL_RESUME_MANAGER)
 
     def _resume(self, timeout: Optional[float], flags: int) -> bool:
-        h = self._h
-        d = deadline_ns(timeout)
-
-        def call(h: Any, d: int) -> int:
-            return lib.shl_resume(h, d, flags)
-
         try:
-            return _finish(call(h, d), call, h, d, "resume", self.name,
-                           lib.SHL_KIND_RESUME, flags)
+            return self._attempt_block(lib.SHL_KIND_RESUME, deadline_ns(timeout), flags)
         except ManagedLockError as e:
             raise managed_error(e, self) from None
 
@@ -411,17 +371,14 @@ class RWLock(_fastpath.Lock):
         DataSuspectError).  The process that began it may exit or die: that
         ends nothing.  TimeoutError if not begun within ``timeout``."""
         ttl_ns = session_ttl_ns(ttl)
-        h = self._h
-        d = deadline_ns(timeout)
-        token = ffi.new("uint64_t *")
-
-        def call(h: Any, d: int) -> int:
-            return lib.shl_session_begin(h, ttl_ns, d, token)
-
-        if not _finish(call(h, d), call, h, d, "begin_session", self.name):
-            raise TimeoutError(f"lock {self.name!r}: update session not begun within "
-                               f"{timeout} s")
-        return int(token[0])
+        deadline = deadline_ns(timeout)
+        while True:
+            if not self._attempt_block(lib.SHL_KIND_UNPINNED, deadline) or \
+                    not self._attempt_block(lib.SHL_KIND_UPDATE, deadline):
+                raise session_timeout(self.name, timeout)
+            token = session_pin(self, ttl_ns)
+            if token is not None:
+                return token
 
     def end_session(self, token: int) -> None:
         """End the update session ``token`` (any process may).  The gate stays
@@ -482,20 +439,8 @@ class RWLock(_fastpath.Lock):
         return FencedUpdate(self, token, self.update(timeout))
 
     # paused (a property) is the C base's: one shared-memory load.
-
-    def wait_resumed(self, timeout: Optional[float] = None) -> bool:
-        """Wait until the lock is not paused; False on timeout."""
-        h = self._h
-        d = deadline_ns(timeout)
-        return _finish(lib.shl_wait_resumed(h, d), lib.shl_wait_resumed, h, d,
-                       "wait_resumed", self.name)
-
-    def wait_drained(self, timeout: Optional[float] = None) -> bool:
-        """Wait until no read hold exists in any process; False on timeout."""
-        h = self._h
-        d = deadline_ns(timeout)
-        return _finish(lib.shl_wait_drained(h, d), lib.shl_wait_drained, h, d,
-                       "wait_drained", self.name)
+    # wait_resumed(timeout=None) and wait_drained(timeout=None) are the C
+    # base's too: blocking attempts, interruptible by Ctrl-C like the holds.
 
     def is_locked(self) -> bool:
         """True if a write/update hold or any read hold exists anywhere."""

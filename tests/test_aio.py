@@ -464,3 +464,162 @@ def test_a_task_raising_out_of_its_wake_up_does_not_strand_the_others(lock_name)
             alock.release_read()
         other.close()
         alock.close()
+
+
+# --------------------------------- one attempt, written once (issue 24)
+
+PACKAGE_DIR = os.path.dirname(pyshmlock.__file__)
+
+
+def test_an_uncontended_asyncio_hold_enters_no_python_frame_of_ours(lock_name):
+    """`async with alock.reader_lock:`, `await acquire_*()` and a blocking
+    lock's holds under `async with` are C all the way when granted: the
+    profiler sees no frame of a pyshmlock module."""
+    import sys
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    lk = alock._lock
+    ours = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            ours.append(frame.f_code.co_name)
+
+    async def main():
+        timed = alock.read(5)
+        sys.setprofile(profile)
+        try:
+            async with alock.reader_lock:
+                pass
+            async with timed:
+                pass
+            assert await alock.acquire_read() is True
+            alock.release_read()
+            assert await alock.acquire_write(1.5) is True
+            alock.release_write()
+            async with alock.update_lock as h:
+                assert h is alock.update_lock
+            async with lk.reader_lock:
+                pass
+            assert await alock.reader_lock.acquire() is True
+            alock.reader_lock.release()
+        finally:
+            sys.setprofile(None)
+
+    asyncio.run(main())
+    assert ours == [], ours
+    assert not alock.locked()
+    alock.close()
+
+
+def test_a_granted_async_with_allocates_nothing(lock_name):
+    """A lock's own holds keep their bound __aenter__/__aexit__ and the
+    completed awaitable a granted `async with` returns.  (Only where `await`
+    sends through am_send, 3.10 and 3.11: 3.9 has no am_send, and from 3.12
+    on the interpreter's SEND calls tp_iternext, which returns the hold in a
+    StopIteration, one allocation per `async with`.)"""
+    import sys
+    import tracemalloc
+    if not (3, 10) <= sys.version_info[:2] < (3, 12):
+        pytest.skip("`await` on this interpreter makes a StopIteration for the result")
+    alock = pyshmlock.AsyncRWLock(lock_name)
+
+    async def peak_of_two(hold):
+        async with hold:
+            pass
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            async with hold:
+                pass
+            async with hold:
+                pass
+            return tracemalloc.get_traced_memory()[1] - before
+        finally:
+            tracemalloc.stop()
+
+    async def main():
+        for hold in (alock.reader_lock, alock.writer_lock, alock.update_lock,
+                     alock._lock.reader_lock):
+            assert await peak_of_two(hold) == 0, hold
+        assert await peak_of_two(alock.read(1)) > 0      # the control
+
+    asyncio.run(main())
+    alock.close()
+
+
+def test_a_contended_async_with_hands_its_registration_to_the_park(lock_name, children):
+    """`async with` under a writer tries once, when __aenter__ is called: the
+    owed-reader registration it made is the one the parked task keeps (not
+    withdrawn and made again), and it is withdrawn when the task is
+    cancelled."""
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    cmd = FORK.Queue()
+    c = children(hold_until_told, lock_name, cmd, "write")
+    c.expect("writing")
+    me = os.getpid()
+
+    async def main():
+        entering = alock.reader_lock.__aenter__()      # tried here
+        assert not isinstance(entering, pyshmlock._fast.Done)
+        assert alock.info().queued_readers == {me: 1}
+        task = asyncio.ensure_future(entering)
+        await asyncio.sleep(0.1)                         # parked
+        assert not task.done()
+        assert alock.info().queued_readers == {me: 1}
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert me not in alock.info().queued_readers
+
+    try:
+        asyncio.run(main())
+    finally:
+        cmd.put("go")
+        c.expect("released")
+    alock.close()
+
+
+def test_the_awaitables_behave_like_coroutines(lock_name):
+    import gc
+    import inspect
+    import warnings
+    alock = pyshmlock.AsyncRWLock(lock_name)
+
+    async def main():
+        # create_task / ensure_future / wait_for / gather take them
+        assert await asyncio.create_task(alock.acquire_read()) is True
+        assert await asyncio.wait_for(alock.acquire_read(1), 5) is True
+        assert await asyncio.gather(alock.acquire_read(), alock.acquire_read(0)) \
+            == [True, True]
+        for _ in range(4):
+            alock.release_read()
+        aw = alock.acquire_write()
+        assert inspect.isawaitable(aw) and asyncio.iscoroutine(aw)
+        assert await aw is True
+        with pytest.raises(RuntimeError, match="already awaited"):
+            await aw
+        alock.release_write()
+        # a thrown exception withdraws and propagates
+        aw = alock.acquire_read()
+        with pytest.raises(KeyError):
+            aw.throw(KeyError("x"))
+        assert not alock.locked()
+        aw.close()
+
+    asyncio.run(main())
+    assert asyncio.run(alock.acquire_read()) is True      # asyncio.run takes one
+    alock.release_read()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        alock.acquire_read()            # never awaited: nothing taken, a warning
+        gc.collect()
+    assert any("never awaited" in str(x.message) for x in w), [str(x.message) for x in w]
+    assert not alock.locked()
+    aw = alock.acquire_read(0)
+    aw.close()                          # closed: no warning
+    for made in (aw, alock.reader_lock.__aenter__()):
+        with pytest.raises(TypeError):
+            type(made)()                # only pyshmlock makes them
+    alock.release_read()
+    alock.close()

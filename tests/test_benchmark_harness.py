@@ -44,5 +44,17 @@ def test_uncontended_section_reports_pyshmlock_peers_and_floors():
     # Either both floors were built, or the report says why they were not.
     floors = [k for k in rows if k.startswith("floor")]
     assert len(floors) in (1, 2), floors
+    # the asyncio rows, each beside asyncio.Lock on the same loop (issue 24);
+    # uvloop's are measured, or skipped with the reason
+    for loop in ("asyncio", "uvloop"):
+        for label in ("pyshmlock async with reader_lock",
+                      "pyshmlock await acquire_read() + release_read()",
+                      "asyncio.Lock async with"):
+            row = rows[f"{label} ({loop})"]
+            if "error" in row:
+                assert loop == "uvloop" and "uvloop is not installed" in row["error"], row
+            else:
+                assert row["median_ns"] > 0 and row["vs_asyncio_lock"] > 0, (label, row)
     report = benchmark.format_report({"uncontended": rows})
     assert "uncontended calls" in report and "pyshmlock read pair" in report
+    assert "x asyncio.Lock on its loop" in report

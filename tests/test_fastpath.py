@@ -467,3 +467,65 @@ def test_writer_pid_is_the_holders_own_after_fork(lock, children):
     assert lock.acquire_update(1)
     assert lock.info().updater_pid == os.getpid()
     lock.release_update()
+
+
+# ------------------------------------- Ctrl-C in every blocking wait (issue 24)
+
+def _sigint_from_another_thread(delay):
+    """SIGINT sent to the process while the main thread blocks it: another
+    thread takes it (as when Ctrl-C reaches a process whose main thread is
+    between two sleeps), so the main thread's futex wait sees no EINTR and
+    only the fast path's check after a wake-up notices it."""
+    def send():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        time.sleep(delay)
+        os.kill(os.getpid(), signal.SIGINT)
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    return t
+
+
+@pytest.mark.parametrize("call", ["wait_resumed", "resume", "wait_drained",
+                                  "acquire_read"])
+def test_ctrl_c_taken_by_another_thread_ends_every_wait(lock, lock_name, children, call):
+    """resume(), wait_resumed() and wait_drained() are interruptible by
+    Ctrl-C like the hold calls (they went through cffi before issue 24 and
+    waited on to their deadline)."""
+    import multiprocessing as mp
+    cmd = mp.get_context("fork").Queue()
+    if call == "resume":                 # an update pins the pause
+        c = children(hold_until_told, lock_name, cmd, "update")
+        c.expect("updating")
+        lock.pause()
+    elif call == "wait_drained":         # a reader in another process
+        c = children(hold_until_told, lock_name, cmd, "read")
+        c.expect("reading")
+    elif call == "acquire_read":
+        c = children(hold_until_told, lock_name, cmd, "write")
+        c.expect("writing")
+    else:
+        c = None
+        lock.pause()
+    sender = _sigint_from_another_thread(0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                getattr(lock, call)(8)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                # a KeyboardInterrupt pending from the unblock lands here
+                time.sleep(0.01)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        sender.join(5)
+    assert time.monotonic() - t0 < 4, "the wait went on to its deadline"
+    info, me = lock.info(), os.getpid()
+    assert me not in info.readers and me not in info.queued_readers
+    assert info.writer_pid != me and info.updater_pid != me
+    if c is not None:
+        cmd.put("go")
+        c.expect("released")
+    if lock.paused:
+        assert lock.resume(5)

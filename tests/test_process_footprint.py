@@ -44,7 +44,9 @@ def test_a_token_of_a_closed_handle_never_reaches_its_next_lock(lock_name):
         assert int(ffi.cast("uintptr_t", b._h)) & 0xFFFFFFFF == index, \
             "the handle was not reused"
         assert lib.shl_pause(stale) == lib.SHL_ECLOSED
-        assert lib.shl_acquire_read(stale, 0) == lib.SHL_ECLOSED
+        w = ffi.new("shl_waiter *")
+        w.kind = lib.SHL_KIND_READ
+        assert lib.shl_try(stale, w) == lib.SHL_ECLOSED
         assert lib.shl_close(stale) == lib.SHL_ECLOSED
         assert not b.paused and b.acquire_read(0)
         b.release_read()

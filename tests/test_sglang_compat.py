@@ -158,17 +158,27 @@ def test_sglang_rwlock_api_is_asyncrwlock_api(sglang_aio_rwlock, adapted):
         assert _kind(o) == _kind(t), (name, _kind(o), _kind(t))
         assert _accepts_every_call_of(o, t), (name, inspect.signature(o),
                                              inspect.signature(t))
-    # the hold objects: what SGLang's callers use on them
+    # the hold objects: what SGLang's callers use on them (`async with`).
+    # SGLang's are coroutine functions; ours are C methods returning
+    # awaitables (issue 24: a granted `async with` runs no Python frame).
     sg = theirs()
     for name in ("reader_lock", "writer_lock"):
         t_hold, o_hold = type(getattr(sg, name)), type(getattr(ours, name))
         for dunder in ("__aenter__", "__aexit__"):
-            t = getattr(t_hold, dunder)
-            o = getattr(o_hold, dunder)
-            assert inspect.iscoroutinefunction(o), (name, dunder)
-            assert inspect.iscoroutinefunction(t), (name, dunder)
-        sig = inspect.signature(t_hold.__aexit__)
-        inspect.signature(o_hold.__aexit__).bind(*sig.parameters)  # same arity
+            assert inspect.iscoroutinefunction(getattr(t_hold, dunder)), (name, dunder)
+        hold = getattr(ours, name)
+        # SGLang's __aexit__(self, exc_type, exc, tb): the arguments callers pass
+        nexit = len(inspect.signature(t_hold.__aexit__).parameters) - 1
+
+        async def enter_exit(hold=hold, nexit=nexit):
+            entered = hold.__aenter__()
+            assert inspect.isawaitable(entered), (name, "__aenter__")
+            assert await entered is hold
+            exited = hold.__aexit__(*[None] * nexit)      # same arity as SGLang's
+            assert inspect.isawaitable(exited), (name, "__aexit__")
+            assert await exited is None
+        asyncio.run(enter_exit())
+        assert not hold.lock.is_locked()
 
 
 # -- differential: one body, both locks ---------------------------------------

@@ -88,3 +88,25 @@ def test_no_import_cycles_in_the_package():
     for m in mods:
         walk(m, [m])
     assert not cycles, cycles[:3]
+
+
+def test_the_name_to_path_rule_is_written_once():
+    """A lock's name becomes its segment's path in one place, the C core's
+    shl_segment_path (pyshmlock._args.segment_path asks it); issue 24 found
+    it written out in eight."""
+    import re
+    # a path made in code: a C format, an f-string, a prefix literal, a join
+    made = re.compile(r"""pyshmlock\.%s|/pyshmlock\.\{|["']/?pyshmlock\.["']|"""
+                      r"""["']/dev/shm["'],\s*["']pyshmlock""")
+    found = []
+    for sub in ("pyshmlock", "csrc", "verify"):
+        for top, _dirs, files in os.walk(os.path.join(ROOT, sub)):
+            for f in files:
+                if f.endswith((".py", ".c", ".h")):
+                    path = os.path.join(top, f)
+                    with open(path) as src:
+                        for n, line in enumerate(src, 1):
+                            if made.search(line):
+                                found.append(f"{os.path.relpath(path, ROOT)}:{n}: {line.strip()}")
+    # the definition itself, and nothing else
+    assert len(found) == 1 and "core/segment.c" in found[0], found

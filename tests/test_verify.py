@@ -49,3 +49,19 @@ def test_model_checks_and_catches_every_quick_mutant():
     mutants = [m for m in run.MUTANTS.values() if m.quick and m.caught]
     assert p.stdout.count("HOLDS") == len(configs) >= 11, p.stdout
     assert p.stdout.count("CAUGHT") == len(mutants) >= 22, p.stdout
+
+
+def test_every_mutant_of_the_model_is_run_by_make_verify():
+    """A mutant written into the model but missing from verify/run.py's
+    MUTANTS is never run, so it tests nothing (issue 24 found
+    MUTANT_FREE_SLOT_UNWATCHED so)."""
+    with open(os.path.join(ROOT, "verify", "shmlock.pml")) as f:
+        in_model = set(re.findall(r"\bMUTANT_([A-Z_]+)", f.read()))
+    sys.path.insert(0, os.path.join(ROOT, "verify"))
+    try:
+        import run
+    finally:
+        sys.path.pop(0)
+    assert in_model == set(run.MUTANTS), (
+        f"in the model only: {sorted(in_model - set(run.MUTANTS))}; "
+        f"in run.py only: {sorted(set(run.MUTANTS) - in_model)}")

@@ -32,12 +32,26 @@ static void observe_all(shl_observer *o)
         shl_observe_recovery(o, i, &orec);
 }
 
+/* One try of an attempt, withdrawn if it would have to wait: what a call
+ * with timeout 0 does (the binding's attempt, csrc/fastpath/attempt.c). */
+static int try_once(shl_lock *h, int kind, uint32_t flags)
+{
+    shl_waiter w;
+    memset(&w, 0, sizeof w);
+    w.kind = kind;
+    w.flags = flags;
+    int r = shl_try(h, &w);
+    if (r != SHL_OK)
+        shl_cancel(h, &w);
+    return r;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static char name[64], path[128];
+    static char name[64], path[SHL_PATH_MAX];
     if (!name[0]) {
         snprintf(name, sizeof name, "fuzz-%d", (int)getpid());
-        snprintf(path, sizeof path, "/dev/shm/pyshmlock.%s", name);
+        shl_segment_path(name, 1, path, sizeof path);
     }
     int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (fd < 0)
@@ -92,11 +106,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         shl_is_paused(h);
         if (shl_info(h, &snap) == SHL_OK)
             shl_reset_stale(h, snap.paused_by_pid);
-        if (shl_acquire_read(h, 0) == SHL_OK)
+        if (try_once(h, SHL_KIND_READ, 0) == SHL_OK)
             shl_release_read(h);
-        if (shl_acquire_write(h, 0) == SHL_OK)
+        if (try_once(h, SHL_KIND_WRITE, 0) == SHL_OK)
             shl_release_write(h);
-        if (shl_acquire_update(h, 0) == SHL_OK)
+        if (try_once(h, SHL_KIND_UPDATE, 0) == SHL_OK)
             shl_release_update(h);
         /* Sessions, resume and fences read and write header fields of
          * their own (token, deadline, flags, fence): any value must be an
@@ -104,11 +118,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint64_t tok = 0, f = 0, a = 0;
         if (shl_info(h, &snap) == SHL_OK && snap.session_token)
             shl_session_end(h, snap.session_token);
-        shl_resume(h, 0, 0);
-        shl_wait_unpinned(h, 0);
-        if (shl_session_begin(h, 1000000000LL, 0, &tok) == SHL_OK)
-            shl_session_end(h, tok);
-        shl_resume(h, 0, SHL_RESUME_FORCE);
+        try_once(h, SHL_KIND_RESUME, 0);
+        try_once(h, SHL_KIND_RESUMED, 0);
+        try_once(h, SHL_KIND_DRAINED, 0);
+        /* begin_session, tried once: unpinned, the update hold, the pin */
+        if (try_once(h, SHL_KIND_UNPINNED, 0) == SHL_OK &&
+            try_once(h, SHL_KIND_UPDATE, 0) == SHL_OK) {
+            int pinned = shl_session_pin(h, 1000000000LL, &tok);
+            shl_release_update(h);
+            if (pinned == SHL_OK)
+                shl_session_end(h, tok);
+        }
+        try_once(h, SHL_KIND_RESUME, SHL_RESUME_FORCE);
         shl_fence_raise(h, 7, &f);
         shl_fence_get(h, &f, &a);
         shl_close(h);

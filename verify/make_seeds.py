@@ -16,13 +16,14 @@ import sys
 import uuid
 
 import pyshmlock
+from pyshmlock._args import segment_path
 from pyshmlock.cluster._lease import lease_arm
 
 SEEDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz-seeds")
 
 
 def _snapshot(lock: pyshmlock.RWLock, seed: str) -> None:
-    with open(os.path.join("/dev/shm", "pyshmlock." + lock.name), "rb") as f:
+    with open(segment_path(lock.name), "rb") as f:
         data = f.read()
     with open(os.path.join(SEEDS, seed), "wb") as f:
         f.write(data)

@@ -338,10 +338,12 @@ inline probe_watched() {
  * (no owner) makes `gone` at once. */
 #ifndef CLOSE
 #define WATCHES(k) 1
-#elif !defined(MUTANT_FREE_SLOT_UNWATCHED)
-#define WATCHES(k) (!freed[k] || UNCLEAN(k) || OWNER(st) == (k) + 1)
 #else
-#define WATCHES(k) (!freed[k] || UNCLEAN(k))   /* the bug: a claim alone is not looked at */
+/* (A claim naming a free clean slot needs a corrupt state word, which no
+ * process of the model writes: close refuses while a claim is ours.  So
+ * the last term guards only what the model cannot reach; a mutant without
+ * it searched exactly the same states, and was deleted.) */
+#define WATCHES(k) (!freed[k] || UNCLEAN(k) || OWNER(st) == (k) + 1)
 #endif
 inline watch_all_others() {
     d_step {   /* a read-only scan; the set is an over-approximation anyway */

@@ -224,11 +224,10 @@ static int observe_read(const shl_observer *o, void *buf, size_t len, size_t off
 
 int shl_observe_open(const char *name, shl_observer **out)
 {
-    char path[SHL_NAME_MAX + 32];
+    char path[SHL_PATH_MAX];
     *out = NULL;
-    if (!valid_name(name))
+    if (shl_segment_path(name, 0, path, sizeof path) < 0)
         return SHL_EINVAL;
-    snprintf(path, sizeof path, "/pyshmlock.%s", name);
     /* O_NONBLOCK: anyone can mkfifo a name in /dev/shm, and opening a FIFO
      * for reading would block until a writer comes.  (No effect on a
      * regular file; pread never blocks on one.) */

@@ -16,8 +16,7 @@
  *   handles.c   this process's handles: tokens, recycling, the open list.
  *   layouts.c   segments of other layout versions (upgrades).
  *   wait.c      sleeping: futexes on the state word and the drain counter,
- *               the death watch on the processes waited for, and the
- *               blocking calls (try, sleep, retry).
+ *               and the death watch on the processes waited for.
  *   slots.c     the per-process slots: probing a slot's owner for death,
  *               reclaiming a dead process's holds; the glibc-private mutex
  *               fields, in one place.
@@ -409,14 +408,13 @@ void recover_slot(shl_lock *h, uint32_t i);
 uint32_t *mutex_word(pthread_mutex_t *m);
 #endif
 
-/* protocol.c: the attempts, for the blocking calls and the watcher. */
+/* protocol.c: the steps of an attempt, for shl_try/shl_cancel and the watcher. */
 uint32_t scan_limit(shl_lock *h);
 /* session.c: expiry and the recovery of a dead process's unfinished end. */
 int session_expire(shl_lock *h);         /* 1 if it ended an expired session */
 void session_recover(shl_lock *h, uint32_t i);
 int do_try(shl_lock *h, shl_waiter *w);
 void do_cancel(shl_lock *h, shl_waiter *w);
-int do_release_exclusive(shl_lock *h, int kind);   /* a handle, not a token */
 void wake_drainers(shl_lock *h);
 int excl_is_this_thread(shl_lock *h, const shl_waiter *w);
 void wait_on_state(shl_waiter *w, uint32_t s);
@@ -427,8 +425,7 @@ int try_resume(shl_lock *h, shl_waiter *w);
 int try_wait_unpinned(shl_lock *h, shl_waiter *w);
 int try_wait_resumed(shl_lock *h, shl_waiter *w);
 
-/* wait.c: sleeping with a death watch, and the blocking loop. */
-int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
+/* wait.c: sleeping with a death watch. */
 int collect_watch_set(shl_lock *h, int32_t *watch, int cap);
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns);

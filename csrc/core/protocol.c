@@ -481,7 +481,7 @@ int shl_release_read(shl_lock *h)
     RUN_IN_FLIGHT(h, do_release_read(h));
 }
 
-int do_release_exclusive(shl_lock *h, int kind)
+static int do_release_exclusive(shl_lock *h, int kind)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)

@@ -24,6 +24,20 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+/* The name-to-path rule, its one definition: the lock `name` is the POSIX
+ * shared-memory object "/pyshmlock.<name>", which Linux keeps as the file
+ * "/dev/shm/pyshmlock.<name>". */
+#define SHM_FILE_DIR "/dev/shm"
+#define SHM_OBJECT_PREFIX "/pyshmlock."
+
+int shl_segment_path(const char *name, int file, char *buf, uint32_t size)
+{
+    if (name == NULL || !valid_name(name) || buf == NULL)
+        return SHL_EINVAL;
+    int n = snprintf(buf, size, "%s%s%s", file ? SHM_FILE_DIR : "", SHM_OBJECT_PREFIX, name);
+    return n < 0 || (uint32_t)n >= size ? SHL_EINVAL : n;
+}
+
 int valid_name(const char *name)
 {
     size_t n = strnlen(name, SHL_NAME_MAX + 1);
@@ -304,7 +318,7 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info)
 {
-    char path[SHL_NAME_MAX + 32];
+    char path[SHL_PATH_MAX];
     int create = (flags & SHL_OPEN_CREATE) != 0;
     *out = NULL;
     memset(info, 0, sizeof *info);
@@ -314,7 +328,7 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     core_init();
-    snprintf(path, sizeof path, "/pyshmlock.%s", name);
+    shl_segment_path(name, 0, path, sizeof path);
 
     for (int attempt = 0;; attempt++) {
         int r = open_once(name, path, flags, mode, group, max_processes, out, info);
@@ -468,11 +482,11 @@ static uint32_t count_others(struct shl_header *hd, uint32_t max, uint64_t dev, 
 static int unlink_exactly(const char *name, const struct stat *probed)
 {
     static _Atomic uint32_t seq;
-    char path[SHL_NAME_MAX + 64], tmp[96];
-    snprintf(path, sizeof path, "/dev/shm/pyshmlock.%s", name);
+    char path[SHL_PATH_MAX], tmp[96];
+    shl_segment_path(name, 1, path, sizeof path);
     int moved = -1;
     for (int k = 0; k < 8 && moved != 0; k++) {
-        snprintf(tmp, sizeof tmp, "/dev/shm/.pyshmlock-unlink.%d.%u.%llu", (int)getpid(),
+        snprintf(tmp, sizeof tmp, SHM_FILE_DIR "/.pyshmlock-unlink.%d.%u.%llu", (int)getpid(),
                  atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed),
                  (unsigned long long)real_ns());
         moved = renameat2(AT_FDCWD, path, AT_FDCWD, tmp, RENAME_NOREPLACE);
@@ -510,12 +524,12 @@ static int unlink_exactly(const char *name, const struct stat *probed)
 
 int shl_unlink(const char *name, int force, uint32_t *attached)
 {
-    char path[SHL_NAME_MAX + 32];
+    char path[SHL_PATH_MAX];
     *attached = 0;
     if (!valid_name(name))
         return SHL_EINVAL;
     core_init();
-    snprintf(path, sizeof path, "/pyshmlock.%s", name);
+    shl_segment_path(name, 0, path, sizeof path);
     if (force)   /* remove whatever the name names, without looking inside */
         return shm_unlink(path) == 0 ? SHL_OK : SHL_ESYS;
     for (int attempt = 0; attempt < 8; attempt++) {

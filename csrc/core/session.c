@@ -222,42 +222,6 @@ int shl_session_end(shl_lock *h, uint64_t token)
     RUN_IN_FLIGHT(h, do_session_end(h, token));
 }
 
-/* One try of the whole begin, for the blocking loop: wait until unpinned,
- * take the update hold, pin, release.  Holds nothing between tries. */
-static int session_begin_once(shl_lock *h, int64_t ttl_ns, int64_t deadline, uint64_t *token)
-{
-    shl_waiter w;
-    memset(&w, 0, sizeof w);
-    w.kind = SHL_KIND_UNPINNED;
-    int r = run_attempt(h, &w, deadline);
-    if (r != SHL_OK)
-        return r;
-    memset(&w, 0, sizeof w);
-    w.kind = SHL_KIND_UPDATE;
-    r = run_attempt(h, &w, deadline);
-    if (r != SHL_OK)
-        return r;
-    r = do_session_pin(h, ttl_ns, token);
-    int rr = do_release_exclusive(h, SHL_KIND_UPDATE);
-    return r != SHL_OK ? r : rr;
-}
-
-static int do_session_begin(shl_lock *h, int64_t ttl_ns, int64_t deadline, uint64_t *token)
-{
-    for (;;) {
-        int r = session_begin_once(h, ttl_ns, deadline, token);
-        if (r != SHL_AGAIN)
-            return r;
-    }
-}
-
-int shl_session_begin(shl_lock *h, int64_t ttl_ns, int64_t deadline_ns, uint64_t *token)
-{
-    if (ttl_ns <= 0)
-        return h == NULL ? SHL_ECLOSED : SHL_EINVAL;
-    RUN_IN_FLIGHT(h, do_session_begin(h, ttl_ns, deadline_ns, token));
-}
-
 /* ------------------------------------------------------------- fences */
 
 static int do_fence_raise(shl_lock *h, uint64_t token, uint64_t *now)

@@ -3,8 +3,10 @@
  * (the state word, or the drain counter while a claim waits for readers)
  * and, through futex_waitv, on the robust-mutex words of the processes it
  * may be waiting for, so a death wakes it at once; it then probes and
- * reclaims the dead slot (slots.c), which wakes everyone else.  The
- * blocking calls are here too: try (protocol.c), sleep, retry.
+ * reclaims the dead slot (slots.c), which wakes everyone else.  The loop of
+ * an attempt (try, sleep, try again, withdraw) is not here: it is the
+ * binding's, written once (csrc/fastpath/attempt.c), over shl_try,
+ * shl_wait and shl_cancel.
  *
  * A waiter sets SLEEPERS (arm_sleepers) or DRAINERS (protocol.c) before it
  * sleeps, and whoever changes a condition a sleeper may wait for clears the
@@ -233,45 +235,4 @@ static int do_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
 {
     RUN_IN_FLIGHT(h, do_wait(h, w, deadline_ns));
-}
-
-/* --------------------------------------------------------- blocking calls */
-
-/* The blocking loop of one attempt, for a caller already in flight on h:
- * try, sleep, try again; on anything but SHL_OK the attempt is withdrawn
- * (nothing is left behind). */
-int run_attempt(shl_lock *h, shl_waiter *w, int64_t deadline_ns)
-{
-    for (;;) {
-        int r = do_try(h, w);
-        if (r == SHL_OK)
-            return r;
-        if (r == SHL_AGAIN)
-            r = do_wait(h, w, deadline_ns);
-        if (r != SHL_OK) {
-            do_cancel(h, w);
-            return r;
-        }
-    }
-}
-
-static int run_blocking(shl_lock *h, int kind, uint32_t flags, int64_t deadline_ns)
-{
-    shl_waiter w;
-    memset(&w, 0, sizeof w);
-    w.kind = kind;
-    w.flags = flags;
-    RUN_IN_FLIGHT(h, run_attempt(h, &w, deadline_ns));
-}
-
-int shl_acquire_read(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_READ, 0, d); }
-int shl_acquire_write(shl_lock *h, int64_t d)  { return run_blocking(h, SHL_KIND_WRITE, 0, d); }
-int shl_acquire_update(shl_lock *h, int64_t d) { return run_blocking(h, SHL_KIND_UPDATE, 0, d); }
-int shl_wait_resumed(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_RESUMED, 0, d); }
-int shl_wait_drained(shl_lock *h, int64_t d)   { return run_blocking(h, SHL_KIND_DRAINED, 0, d); }
-int shl_wait_unpinned(shl_lock *h, int64_t d)  { return run_blocking(h, SHL_KIND_UNPINNED, 0, d); }
-
-int shl_resume(shl_lock *h, int64_t d, uint32_t flags)
-{
-    return run_blocking(h, SHL_KIND_RESUME, flags, d);
 }

@@ -1,12 +1,13 @@
 /*
- * calls.c - calling the core from pyshmlock._fast: the table of the core's
- * entry points, timeouts turned into deadlines, errors raised through
- * pyshmlock.errors, and the acquire path (try with the GIL held; release
- * the GIL only for the wait loop).  See fastpath.h for the whole path.
+ * calls.c - what every call of pyshmlock._fast needs: the table of the
+ * core's entry points, the timeout rule (seconds to a deadline: the one
+ * definition, pyshmlock's deadline_ns), the names of the kinds of attempt,
+ * timeout arguments, and errors raised through pyshmlock.errors.
  */
 #include "fastpath.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,29 +15,101 @@
 
 struct core_table core;
 int g_ready;
-PyObject *g_deadline_ns;
 PyObject *g_error;
 
-/* Names used in messages, indexed by kind (same words as lock.py used). */
-const char *const ACQUIRE_NAME[] = {NULL, "acquire_read", "acquire_write", "acquire_update"};
-const char *const RELEASE_NAME[] = {NULL, "release_read", "release_write", "release_update"};
-const char *const HOLD_NAME[] = {NULL, "read hold", "write hold", "update hold"};
+/* The one table of kind names, indexed by SHL_KIND_* (pyshmlock reads it as
+ * _fast.KINDS).  A message names the call that made the attempt. */
+const struct kind_names KIND[KIND_LAST + 1] = {
+    [SHL_KIND_READ] = {"read", "acquire_read", "release_read", "read hold"},
+    [SHL_KIND_WRITE] = {"write", "acquire_write", "release_write", "write hold"},
+    [SHL_KIND_UPDATE] = {"update", "acquire_update", "release_update", "update hold"},
+    [SHL_KIND_RESUME] = {NULL, "resume", NULL, NULL},
+    [SHL_KIND_RESUMED] = {NULL, "wait_resumed", NULL, NULL},
+    [SHL_KIND_DRAINED] = {NULL, "wait_drained", NULL, NULL},
+    [SHL_KIND_UNPINNED] = {NULL, "begin_session", NULL, NULL},
+};
+
+/* {kind: (word or None, call, hold name or None)}: the table for Python. */
+PyObject *kind_table(void)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    for (int k = KIND_MIN; k <= KIND_LAST; k++) {
+        PyObject *key = PyLong_FromLong(k);
+        PyObject *v = Py_BuildValue("(zsz)", KIND[k].word, KIND[k].call, KIND[k].hold);
+        int r = key && v ? PyDict_SetItem(d, key, v) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(v);
+        if (r < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    return d;
+}
 
 /* ------------------------------------------------------------- deadlines */
 
-/* Above this many seconds the conversion is left to deadline_ns(): far
- * below any int64 overflow, far above any realistic finite timeout. */
-#define FAST_TIMEOUT_MAX 1e8
+/* Any wait this long or longer is "forever": 2**62 ns is 146 years, and a
+ * deadline of now + 2**62 ns cannot overflow int64 (CLOCK_MONOTONIC starts
+ * near boot). */
+#define FOREVER_S ((double)(1LL << 62) / 1e9)
 
-static int64_t monotonic_ns(void)
+int64_t monotonic_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* timeout -> absolute deadline (-1 forever, 0 try once).  -1 with an
- * exception set on error. */
+static PyObject *g_real;          /* numbers.Real, looked up on first need */
+
+/* Is timeout a real number (numbers.Real), bool excepted?  -1 on error. */
+static int is_real(PyObject *timeout)
+{
+    if (PyBool_Check(timeout))
+        return 0;
+    if (PyFloat_Check(timeout) || PyLong_Check(timeout))
+        return 1;
+    if (g_real == NULL) {
+        PyObject *numbers = PyImport_ImportModule("numbers");
+        if (numbers == NULL)
+            return -1;
+        g_real = PyObject_GetAttrString(numbers, "Real");
+        Py_DECREF(numbers);
+        if (g_real == NULL)
+            return -1;
+    }
+    return PyObject_IsInstance(timeout, g_real);
+}
+
+/* The value of a real number too large for a double: +-inf. */
+static int overflowed(PyObject *timeout, double *t)
+{
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+        return -1;
+    PyErr_Clear();
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL)
+        return -1;
+    int pos = PyObject_RichCompareBool(timeout, zero, Py_GT);
+    Py_DECREF(zero);
+    if (pos < 0)
+        return -1;
+    *t = pos ? INFINITY : -INFINITY;
+    return 0;
+}
+
+/*
+ * The timeout rule: seconds -> an absolute CLOCK_MONOTONIC deadline in ns
+ * (the clock of time.monotonic_ns()).  None, inf and any finite timeout of
+ * 146 years or more wait forever (-1); 0 tries once; otherwise now + the
+ * timeout, truncated like int().  Negative or NaN is a ValueError; anything
+ * but None or a real number (a str, a bool) is a TypeError.  Exact floats
+ * and ints, the common case, take no Python call.  0, or -1 with an
+ * exception set.
+ */
 int to_deadline(PyObject *timeout, int64_t *out)
 {
     double t;
@@ -48,31 +121,75 @@ int to_deadline(PyObject *timeout, int64_t *out)
         t = PyFloat_AsDouble(timeout);
     } else if (PyLong_CheckExact(timeout)) {
         t = PyLong_AsDouble(timeout);
-        if (t == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();     /* too large for a double: let the rule decide */
-            goto by_rule;
-        }
+        if (t == -1.0 && PyErr_Occurred() && overflowed(timeout, &t) < 0)
+            return -1;
     } else {
-        goto by_rule;
+        int real = is_real(timeout);
+        if (real < 0)
+            return -1;
+        if (!real) {
+            PyObject *tn = PyObject_GetAttrString((PyObject *)Py_TYPE(timeout), "__name__");
+            if (tn != NULL) {
+                PyErr_Format(PyExc_TypeError,
+                             "timeout must be None or a number of seconds, not %U %R", tn,
+                             timeout);
+                Py_DECREF(tn);
+            }
+            return -1;
+        }
+        PyObject *f = PyNumber_Float(timeout);
+        if (f == NULL) {
+            if (overflowed(timeout, &t) < 0)
+                return -1;
+        } else {
+            t = PyFloat_AsDouble(f);
+            Py_DECREF(f);
+        }
     }
-    if (t == 0.0) {            /* also -0.0, as in deadline_ns() */
+    if (isnan(t) || t < 0) {
+        PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0, not %R", timeout);
+        return -1;
+    }
+    if (t >= FOREVER_S) {
+        *out = -1;
+    } else if (t == 0.0) {      /* also -0.0 */
         *out = 0;
-        return 0;
-    }
-    if (t > 0.0 && t <= FAST_TIMEOUT_MAX) {   /* false for NaN */
+    } else {
         *out = monotonic_ns() + (int64_t)(t * 1e9);
-        return 0;
     }
-by_rule:;
-    PyObject *r = PyObject_CallFunctionObjArgs(g_deadline_ns, timeout, NULL);
-    if (r == NULL)
-        return -1;
-    long long v = PyLong_AsLongLong(r);
-    Py_DECREF(r);
-    if (v == -1 && PyErr_Occurred())
-        return -1;
-    *out = (int64_t)v;
     return 0;
+}
+
+/* Parse (timeout=None) from a vectorcall; NULL on error (borrowed). */
+PyObject *timeout_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames)
+{
+    PyObject *timeout = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 1 argument (%zd given)",
+                     fname, nargs + nkw);
+        return NULL;
+    }
+    if (nargs == 1)
+        timeout = args[0];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GetItem(kwnames, i);
+        if (k == NULL)
+            return NULL;
+        if (PyUnicode_CompareWithASCIIString(k, "timeout") != 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
+                         fname, k);
+            return NULL;
+        }
+        if (nargs == 1) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument 'timeout'",
+                         fname);
+            return NULL;
+        }
+        timeout = args[nargs + i];
+    }
+    return timeout;
 }
 
 /* --------------------------------------------------------------- errors */
@@ -94,116 +211,12 @@ int not_ready(void)
     return -1;
 }
 
-/* -------------------------------------------------------------- waiting */
-
-/* The core's blocking loop from SHL_AGAIN on (csrc/core/wait.c run_blocking),
- * entered without the GIL when *ts != NULL.
- *
- * Ctrl-C between two sleeps: a SIGINT that lands while the thread is not in
- * the futex system call (or is taken by another thread of the process) makes
- * no EINTR, and the wait would go on to its deadline.  So a wake-up that
- * does not grant the hold (a change, or the core's 100 ms safety-net probe)
- * takes the GIL back for a moment and asks whether SIGINT was tripped.  If
- * so it re-arms it (PyErr_SetInterrupt) and ends the attempt as SHL_EINTR
- * does: cancelled, nothing left behind, then the Python handlers run (the
- * default one raises KeyboardInterrupt).  No Python code runs while the
- * attempt holds a registration: a handler may use the same lock. */
-static int wait_loop(shl_lock *h, shl_waiter *w, int64_t deadline, int *err,
-                     PyThreadState **ts)
-{
-    int r;
-    for (;;) {
-        r = core.wait(h, w, deadline);
-        if (r != SHL_OK)
-            break;
-        r = core.try_(h, w);
-        if (r != SHL_AGAIN)
-            break;
-        if (*ts != NULL) {
-            PyEval_RestoreThread(*ts);
-            int interrupted = PyOS_InterruptOccurred();   /* clears the flag... */
-            if (interrupted)
-                PyErr_SetInterrupt();                       /* ...so trip it again */
-            *ts = PyEval_SaveThread();
-            if (interrupted) {
-                r = SHL_EINTR;
-                break;
-            }
-        }
-    }
-    *err = errno;
-    if (r != SHL_OK)
-        core.cancel(h, w);
-    return r;
-}
-
-/* One attempt, as shl_acquire_*(h, deadline) would make it; the GIL is
- * released only around a wait that may sleep. */
-static int attempt(shl_lock *h, int kind, int64_t deadline, int shared, int *err)
-{
-    shl_waiter w;
-    memset(&w, 0, sizeof w);
-    w.kind = kind;
-    w.shared_thread = shared;
-    int r = core.try_(h, &w);   /* never sleeps: keep the GIL */
-    *err = errno;
-    if (r == SHL_OK)
-        return r;
-    if (r != SHL_AGAIN) {
-        core.cancel(h, &w);
-        return r;
-    }
-    PyThreadState *ts = NULL;
-    if (deadline == 0)          /* try once: shl_wait returns at once */
-        return wait_loop(h, &w, 0, err, &ts);
-    ts = PyEval_SaveThread();
-    r = wait_loop(h, &w, deadline, err, &ts);
-    PyEval_RestoreThread(ts);
-    return r;
-}
-
-/* ------------------------------------------------------- acquire, release */
-
 PyObject *lock_name(PyObject *self)
 {
     PyObject *n = PyObject_GetAttrString(self, "name");
     if (n == NULL)
         PyErr_Clear();
     return n;   /* new reference or NULL (error_for then leaves the name out) */
-}
-
-/* Acquire `kind` on lock `lk`; 1 had, 0 timed out, -1 exception set. */
-int acquire(LockObject *lk, int kind, int64_t deadline, const char *what)
-{
-    if (!g_ready)
-        return not_ready();
-    int err = 0, shared = 0;
-    int r = attempt(lk->h, kind, deadline, shared, &err);
-    for (;;) {
-        if (r == SHL_EINTR) {
-            if (PyErr_CheckSignals() < 0)
-                return -1;      /* e.g. KeyboardInterrupt; nothing is left behind */
-        } else if (r == SHL_EDEADLK && deadline >= 0 && !shared) {
-            /* This thread has the exclusive hold it asks for.  Only a wait
-             * without end is refused (WouldDeadlockError); a try says False
-             * and a timed wait waits as any thread of the process would
-             * (another thread may release the hold), as threading.Lock's. */
-            if (deadline == 0)
-                return 0;
-            shared = 1;
-        } else {
-            break;
-        }
-        r = attempt(lk->h, kind, deadline, shared, &err);   /* re-read: a handler may close */
-    }
-    if (r == SHL_OK)
-        return 1;
-    if (r == SHL_TIMEDOUT)
-        return 0;
-    PyObject *name = lock_name((PyObject *)lk);
-    raise_rc(r, what, name, err);
-    Py_XDECREF(name);
-    return -1;
 }
 
 /* Releases never block: the GIL stays held. */

@@ -1,61 +1,55 @@
 /*
- * fastpath.h - pyshmlock._fast: the uncontended hold calls, straight from
- * Python into C.  What its files share.
+ * fastpath.h - pyshmlock._fast: the path of a hold, from Python into C, and
+ * what its files share.
  *
  * cffi stays the binding of the C core (pyshmlock._shmlock).  A cffi call
  * costs two GIL hand-offs and argument conversion, and the Python method
  * around it a frame; for a lock whose uncontended acquire is one atomic RMW
- * that is most of the price.  This module provides two base types whose
- * methods are plain C functions of the CPython C API:
+ * that is most of the price.  This module's types have plain C methods of
+ * the CPython C API:
  *
- *   _fast.Lock  acquire_read/write/update(timeout=None), release_read/
- *               write/update(), the `paused` property.  pyshmlock.RWLock
- *               subclasses it.
- *   _fast.Hold  __enter__/__exit__ of the sync hold objects (reader_lock,
- *               read(timeout=...), ...).  The hold classes subclass it.
+ *   _fast.Lock       acquire_read/write/update(timeout=None), release_*(),
+ *                    wait_resumed/wait_drained(timeout=None), `paused`, and
+ *                    _attempt_block(kind, deadline, flags): the base type of
+ *                    pyshmlock.RWLock.
+ *   _fast.AsyncLock  acquire_read/write/update(timeout=None) returning an
+ *                    awaitable, and _attempt(...): the base of AsyncRWLock.
+ *   _fast.Hold       __enter__/__exit__, __aenter__/__aexit__, release(),
+ *                    _acquire_async(): the base of SyncHold and AsyncHold.
+ *   _fast.Attempt    one attempt (try, wait, cancel, the deadline, the
+ *                    shared-thread rule) as an awaitable; Done, an awaitable
+ *                    completed already.
  *
- * Its files: calls.c (calling the core: deadlines, errors, the wait loop),
- * lock.c (the Lock type), hold.c (the Hold type), module.c (setup() and
- * the module).
+ * Its files: calls.c (the core's table, the timeout rule, kind names,
+ * errors), attempt.c (THE attempt: the one loop of try, wait and cancel, for
+ * blocking calls and for asyncio), awaitable.c (the attempt as an
+ * awaitable, and Done), lock.c, alock.c, hold.c (the types), module.c
+ * (setup() and the module).
  *
  * One copy of the core.  This module does not contain or link the core: the
  * core's code and its process-private state (fork handler, keeper thread,
  * mutexes) exist once per process, in the cffi module.  setup() receives
  * the addresses of the few shl_* entry points used here, taken from the
  * cffi module by pyshmlock/_fastpath.py, and every call goes through that
- * table (so it also gets whatever the entry points do, e.g. refusing a
- * closed handle).  The extension never touches the segment itself.
+ * table.  A shl_lock * is a token (csrc/core/handles.c): never dereferenced
+ * here, and a closed one answers SHL_ECLOSED.
  *
- * The path of an acquire (modelled on CPython's
- * Modules/_multiprocessing/semaphore.c, which tries sem_trywait() before
- * releasing the GIL for sem_wait()):
- *   1. shl_try() with the GIL held.  shl_try never sleeps: it is a few
- *      atomic operations on the segment.  Granted: return True.  No Python
- *      frame, no GIL release.
+ * The path of a hold is docs/DESIGN.md §3, "The path of a hold"; in short:
+ *   1. shl_try() with the GIL held.  Granted: return (True, the hold, or a
+ *      completed awaitable).  No Python frame, no GIL release.
  *   2. Not granted (SHL_AGAIN): the attempt keeps its registrations (an
- *      owed-reader count or an exclusive claim) and, unless the timeout is
- *      0, the GIL is released for the same loop the core's blocking calls
- *      run (shl_wait, shl_try again, shl_cancel on giving up): step for step
- *      what shl_acquire_*() does, so the protocol sees no difference.  A
- *      timeout of 0 calls shl_wait(deadline 0), which returns SHL_TIMEDOUT
- *      without sleeping, then shl_cancel: also exactly what the core does.
- *   3. SHL_EINTR (a signal during the wait, or a Ctrl-C seen between two
- *      sleeps, see wait_loop; the attempt was cancelled):
- *      with the GIL back, PyErr_CheckSignals() runs the Python signal
- *      handlers (Ctrl-C raises KeyboardInterrupt here), then the attempt
- *      starts again with the same deadline, as lock.py's _finish() did.
+ *      owed-reader count or an exclusive claim).  A blocking call releases
+ *      the GIL for the loop shl_wait / shl_try / shl_cancel (attempt.c); an
+ *      asyncio attempt hands itself to the parking code (pyshmlock/_park.py)
+ *      and retries when woken.  Both are the same attempt.
+ *   3. SHL_EINTR (a signal, or a Ctrl-C seen between two sleeps; the attempt
+ *      was withdrawn): PyErr_CheckSignals() runs the handlers, then the
+ *      attempt starts again with the same deadline.
  *   4. Errors build their exception in Python (pyshmlock.errors.error_for)
  *      through a callback: the slow path may run Python code.
  *
- * Timeouts: None, 0 and ordinary positive floats/ints are converted here
- * with the same rule as lock.py's deadline_ns() (CLOCK_MONOTONIC, the same
- * clock as time.monotonic_ns(); truncation like int()).  Everything else
- * (negative, NaN, inf, huge, objects with __float__, bool) is handed to
- * deadline_ns() itself, so there is one rule for the edge cases: errors,
- * "forever", saturation.
- *
  * Built for the stable ABI of CPython 3.9 (Py_LIMITED_API 0x03090000): one
- * abi3 binary for every CPython >= 3.9.  See METH_FASTCALL below.
+ * abi3 binary for every CPython >= 3.9.  See METH_FASTCALL and am_send below.
  */
 #ifndef PYSHMLOCK_FASTPATH_H
 #define PYSHMLOCK_FASTPATH_H
@@ -81,6 +75,17 @@
 #define METH_FASTCALL 0x0080
 #endif
 
+/*
+ * am_send (PyAsyncMethods.am_send, slot id Py_am_send = 81) is frozen in
+ * the 3.10 stable ABI, with PySendResult.  An awaitable that has it is sent
+ * a value without a StopIteration being made for its result.  The 3.9
+ * headers lack both, so they are spelt here; module.c installs the slot
+ * only when the running interpreter is 3.10 or later (3.9 would refuse an
+ * unknown slot id), so one binary still serves 3.9 through tp_iternext.
+ */
+#define FP_AM_SEND 81
+typedef enum { FP_SEND_RETURN = 0, FP_SEND_ERROR = -1, FP_SEND_NEXT = 1 } fp_send_result;
+
 typedef PyObject *(*fastcall_kw)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
 typedef PyObject *(*fastcall)(PyObject *, PyObject *const *, Py_ssize_t);
 
@@ -90,13 +95,25 @@ typedef PyObject *(*fastcall)(PyObject *, PyObject *const *, Py_ssize_t);
 #define FASTCALL_KW(f) (PyCFunction)(void (*)(void))(fastcall_kw)(f)
 #define FASTCALL(f) (PyCFunction)(void (*)(void))(fastcall)(f)
 
-#define KIND_MIN SHL_KIND_READ
+#define KIND_MIN SHL_KIND_READ          /* the hold kinds */
 #define KIND_MAX SHL_KIND_UPDATE
+#define KIND_LAST SHL_KIND_UNPINNED     /* every kind of attempt */
 
 typedef struct {
     PyObject_HEAD
     shl_lock *h;                /* NULL: not bound yet, or closed */
 } LockObject;
+
+/* One attempt of one kind on one lock: its waiter (the core's bookkeeping
+ * of registrations), the deadline, and whether registrations may be held
+ * (a try said SHL_AGAIN and nothing withdrew it since). */
+typedef struct {
+    shl_waiter w;
+    shl_lock *h;                /* the token the attempt was begun on */
+    int64_t deadline;           /* -1 forever, 0 try once, else CLOCK_MONOTONIC ns */
+    int pending;                /* registrations may be held: shl_cancel owed */
+    int err;                    /* errno of the failure, for SHL_ESYS */
+} attempt_t;
 
 #pragma GCC visibility push(hidden)
 
@@ -112,24 +129,54 @@ struct core_table {
 };
 extern struct core_table core;
 extern int g_ready;                   /* setup() done */
-extern PyObject *g_deadline_ns;       /* lock.deadline_ns: the rule for edge cases */
 extern PyObject *g_error;             /* error(rc, what, name, errno) -> exception */
-extern const char *const ACQUIRE_NAME[];
-extern const char *const RELEASE_NAME[];
-extern const char *const HOLD_NAME[];
+
+/* The one table of kind names (index: SHL_KIND_*). */
+struct kind_names {
+    const char *word;         /* "read": a hold's kind (NULL: not a hold) */
+    const char *call;         /* "acquire_read", "resume": what a message calls it */
+    const char *release;      /* "release_read" */
+    const char *hold;         /* "read hold" */
+};
+extern const struct kind_names KIND[KIND_LAST + 1];
+
+int64_t monotonic_ns(void);
 int to_deadline(PyObject *timeout, int64_t *out);
+PyObject *timeout_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames);
 PyObject *raise_rc(int rc, const char *what, PyObject *name, int err);
 int not_ready(void);
 PyObject *lock_name(PyObject *self);
-int acquire(LockObject *lk, int kind, int64_t deadline, const char *what);
 int release(shl_lock *h, int kind);
+PyObject *kind_table(void);
 
-/* lock.c, hold.c: the types, made by module.c. */
+/* attempt.c: the attempt; awaitable.c: the attempt as an awaitable. */
+void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
+                  int shared);
+int attempt_try(attempt_t *a);
+int attempt_past(const attempt_t *a);
+void attempt_cancel(attempt_t *a);
+int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                  const char *what);
+PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
+                      int64_t deadline, int now, const char *what);
+PyObject *done_new(PyObject *result);
+extern PyObject *g_done_none, *g_done_true;   /* awaitables completed with None, True */
+extern PyObject *g_park, *g_unpark;   /* pyshmlock/_park.py's park(a) and unpark(a) */
+extern PyType_Spec attempt_spec, done_spec;
+extern PyTypeObject *AttemptType, *DoneType;
+int awaitables_ready(int have_am_send);
+
+/* lock.c, alock.c, hold.c: the types, made by module.c. */
 extern PyType_Spec lock_spec;
+extern PyType_Spec alock_spec;
 extern PyType_Spec hold_spec;
 extern PyTypeObject *LockType;
+extern PyTypeObject *AsyncLockType;
 extern PyTypeObject *HoldType;
 int hold_install_kept(void);          /* after HoldType exists */
+PyObject *hold_done(PyObject *hold);  /* the hold's completed __aenter__ awaitable */
+void hold_timeout_error(PyObject *hold);
 
 #pragma GCC visibility pop
 

@@ -1,7 +1,9 @@
 /*
- * hold.c - _fast.Hold, the base type of the sync hold objects (reader_lock,
- * read(timeout=...), ...): __enter__/__exit__ in C, and the bound methods a
- * lock's long-lived holds keep so that `with lock.reader_lock:` allocates
+ * hold.c - _fast.Hold, the base type of the hold objects (SyncHold and
+ * AsyncHold: reader_lock, read(timeout=...), ...): __enter__/__exit__ and
+ * __aenter__/__aexit__ in C, release(), and the bound methods (and the
+ * completed awaitable) a lock's long-lived holds keep, so that `with
+ * lock.reader_lock:` and a granted `async with alock.reader_lock:` allocate
  * nothing.
  */
 #include "fastpath.h"
@@ -12,17 +14,21 @@
 
 PyTypeObject *HoldType;
 
-/* The two methods whose bound objects a hold may keep (see "Bound
- * methods kept" below), as indexes into HoldObject.bound. */
+/* The methods whose bound objects a hold may keep (see "Bound methods
+ * kept" below), as indexes into HoldObject.bound and hold_methods. */
 #define BOUND_ENTER 0
 #define BOUND_EXIT 1
+#define BOUND_AENTER 2
+#define BOUND_AEXIT 3
+#define NBOUND 4
 
 typedef struct {
     PyObject_HEAD
     PyObject *lock;             /* a _fast.Lock (an RWLock) */
     PyObject *timeout;          /* None or the timeout given */
     int kind;                   /* SHL_KIND_READ / WRITE / UPDATE */
-    PyObject *bound[2];         /* kept hold.__enter__ / hold.__exit__, or NULL */
+    PyObject *bound[NBOUND];    /* kept bound methods, or NULL */
+    PyObject *done;             /* kept: an awaitable completed with this hold, or NULL */
 } HoldObject;
 
 static int hold_init(PyObject *self, PyObject *args, PyObject *kwds)
@@ -52,18 +58,48 @@ static int hold_init(PyObject *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* TimeoutError "read hold of lock 'x' not had within 5 s". */
+void hold_timeout_error(PyObject *hold)
+{
+    HoldObject *ho = (HoldObject *)hold;
+    PyObject *name = lock_name(ho->lock);
+    if (name == NULL)
+        return;
+    PyErr_Format(PyExc_TimeoutError, "%s of lock %R not had within %S s", KIND[ho->kind].hold,
+                 name, ho->timeout);
+    Py_DECREF(name);
+}
+
+/* The awaitable a granted `async with` returns: kept, or made now. */
+PyObject *hold_done(PyObject *hold)
+{
+    PyObject *d = ((HoldObject *)hold)->done;
+    if (d != NULL) {
+        Py_INCREF(d);
+        return d;
+    }
+    return done_new(hold);
+}
+
+static int hold_ready(HoldObject *ho)
+{
+    if (ho->lock == NULL) {
+        PyErr_SetString(PyExc_TypeError, "hold not initialised");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *hold_enter(PyObject *self, PyObject *unused)
 {
     (void)unused;
     HoldObject *ho = (HoldObject *)self;
-    if (ho->lock == NULL) {
-        PyErr_SetString(PyExc_TypeError, "hold not initialised");
+    if (hold_ready(ho) < 0)
         return NULL;
-    }
     /* Own references for the whole call: the GIL is released while we wait
-     * and Python code may run (deadline_ns, signal handlers), so another
-     * thread may re-initialise this hold and drop the last reference to
-     * the lock or timeout it had. */
+     * and Python code may run (signal handlers), so another thread may
+     * re-initialise this hold and drop the last reference to the lock or
+     * timeout it had. */
     PyObject *lock = ho->lock, *timeout = ho->timeout;
     int kind = ho->kind;
     Py_INCREF(lock);
@@ -72,16 +108,11 @@ static PyObject *hold_enter(PyObject *self, PyObject *unused)
     int64_t deadline;
     if (to_deadline(timeout, &deadline) < 0)
         goto done;
-    int r = acquire((LockObject *)lock, kind, deadline, HOLD_NAME[kind]);
+    int r = attempt_block(lock, kind, 0, deadline, KIND[kind].hold);
     if (r < 0)
         goto done;
     if (r == 0) {
-        PyObject *name = lock_name(lock);
-        if (name == NULL)
-            goto done;
-        PyErr_Format(PyExc_TimeoutError, "%s of lock %R not had within %S s",
-                     HOLD_NAME[kind], name, timeout);
-        Py_DECREF(name);
+        hold_timeout_error(self);
         goto done;
     }
     Py_INCREF(self);
@@ -92,25 +123,53 @@ done:
     return result;
 }
 
-static PyObject *hold_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* `async with hold:` tries at once (on the loop thread); granted, it returns
+ * the completed awaitable (the hold's own, kept), otherwise the attempt, its
+ * registrations kept, which parks when awaited. */
+static PyObject *hold_aenter(PyObject *self, PyObject *unused)
 {
-    (void)args;
-    (void)nargs;
+    (void)unused;
     HoldObject *ho = (HoldObject *)self;
-    if (!g_ready)
-        return not_ready(), NULL;
-    if (ho->lock == NULL) {
-        PyErr_SetString(PyExc_TypeError, "hold not initialised");
+    if (hold_ready(ho) < 0)
         return NULL;
+    int64_t deadline;
+    if (to_deadline(ho->timeout, &deadline) < 0)
+        return NULL;
+    return attempt_new(ho->lock, self, ho->kind, 0, deadline, 1, KIND[ho->kind].hold);
+}
+
+/* hold._acquire_async(timeout=None): asyncio.Lock's acquire(), an awaitable
+ * of True (had) or False (timed out) that tries when first awaited. */
+static PyObject *hold_acquire_async(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    HoldObject *ho = (HoldObject *)self;
+    if (hold_ready(ho) < 0)
+        return NULL;
+    int64_t deadline = -1;
+    if (nargs != 0 || kwnames != NULL) {
+        PyObject *timeout = timeout_arg("acquire", args, nargs, kwnames);
+        if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
+            return NULL;
     }
+    return attempt_new(ho->lock, NULL, ho->kind, 0, deadline, 0, KIND[ho->kind].call);
+}
+
+/* Give the hold back; 0, or -1 with the error raised. */
+static int hold_give_back(HoldObject *ho)
+{
+    if (!g_ready)
+        return not_ready();
+    if (hold_ready(ho) < 0)
+        return -1;
     int kind = ho->kind;
     int r = release(((LockObject *)ho->lock)->h, kind);
     if (r == 0)
-        Py_RETURN_NONE;
+        return 0;
     int err = errno;
-    PyObject *what = PyUnicode_FromFormat("release of %s", HOLD_NAME[kind]);
+    PyObject *what = PyUnicode_FromFormat("release of %s", KIND[kind].hold);
     if (what == NULL)
-        return NULL;
+        return -1;
     /* lock_name may run Python code: keep our own reference (hold_enter). */
     PyObject *lock = ho->lock;
     Py_INCREF(lock);
@@ -123,7 +182,72 @@ static PyObject *hold_exit(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);
     }
-    return NULL;
+    return -1;
+}
+
+static PyObject *hold_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (hold_give_back((HoldObject *)self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *hold_release(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (hold_give_back((HoldObject *)self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Releases never wait: __aexit__ gives the hold back at once and returns an
+ * awaitable completed with None (one for every hold). */
+static PyObject *hold_aexit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    if (hold_give_back((HoldObject *)self) < 0)
+        return NULL;
+    Py_INCREF(g_done_none);
+    return g_done_none;
+}
+
+static PyObject *hold_get_lock(PyObject *self, void *closure)
+{
+    (void)closure;
+    PyObject *l = ((HoldObject *)self)->lock;
+    l = l ? l : Py_None;
+    Py_INCREF(l);
+    return l;
+}
+
+static PyObject *hold_get_kind(PyObject *self, void *closure)
+{
+    (void)closure;
+    HoldObject *ho = (HoldObject *)self;
+    if (hold_ready(ho) < 0)
+        return NULL;
+    return PyUnicode_FromString(KIND[ho->kind].word);
+}
+
+static PyObject *hold_get_what(PyObject *self, void *closure)
+{
+    (void)closure;
+    HoldObject *ho = (HoldObject *)self;
+    if (hold_ready(ho) < 0)
+        return NULL;
+    return PyUnicode_FromString(KIND[ho->kind].hold);
+}
+
+static PyObject *hold_get_timeout(PyObject *self, void *closure)
+{
+    (void)closure;
+    PyObject *t = ((HoldObject *)self)->timeout;
+    t = t ? t : Py_None;
+    Py_INCREF(t);
+    return t;
 }
 
 static int hold_traverse(PyObject *self, visitproc visit, void *arg)
@@ -132,8 +256,9 @@ static int hold_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(ho->lock);
     Py_VISIT(ho->timeout);
-    Py_VISIT(ho->bound[BOUND_ENTER]);
-    Py_VISIT(ho->bound[BOUND_EXIT]);
+    for (int i = 0; i < NBOUND; i++)
+        Py_VISIT(ho->bound[i]);
+    Py_VISIT(ho->done);
     return 0;
 }
 
@@ -142,8 +267,9 @@ static int hold_clear(PyObject *self)
     HoldObject *ho = (HoldObject *)self;
     Py_CLEAR(ho->lock);
     Py_CLEAR(ho->timeout);
-    Py_CLEAR(ho->bound[BOUND_ENTER]);
-    Py_CLEAR(ho->bound[BOUND_EXIT]);
+    for (int i = 0; i < NBOUND; i++)
+        Py_CLEAR(ho->bound[i]);
+    Py_CLEAR(ho->done);
     return 0;
 }
 
@@ -160,25 +286,39 @@ static void hold_dealloc(PyObject *self)
 static PyObject *hold_keep_bound(PyObject *self, PyObject *unused);
 
 static PyMethodDef hold_methods[] = {
-    /* BOUND_ENTER and BOUND_EXIT index these two entries. */
+    /* BOUND_ENTER .. BOUND_AEXIT index these four entries. */
     {"__enter__", hold_enter, METH_NOARGS, "Take the hold (TimeoutError if not had in time)."},
     {"__exit__", FASTCALL(hold_exit), METH_FASTCALL, "Give the hold back."},
+    {"__aenter__", hold_aenter, METH_NOARGS,
+     "Take the hold without blocking the event loop: an awaitable of the hold\n"
+     "(TimeoutError if not had in time).  Tried at once; it parks only if it\n"
+     "must wait."},
+    {"__aexit__", FASTCALL(hold_aexit), METH_FASTCALL,
+     "Give the hold back (at once); an awaitable of None."},
+    {"release", hold_release, METH_NOARGS,
+     "Give the hold back (NotHeldError, a RuntimeError, if this process has none)."},
+    {"_acquire_async", FASTCALL_KW(hold_acquire_async), METH_FASTCALL | METH_KEYWORDS,
+     "_acquire_async(timeout=None): an awaitable of True once had, False on timeout."},
     {"_keep_bound", hold_keep_bound, METH_NOARGS,
-     "Keep this hold's bound __enter__/__exit__ for every `with` (for the\n"
-     "long-lived holds of a lock: they form a reference cycle)."},
+     "Keep this hold's bound __enter__/__exit__/__aenter__/__aexit__ and its\n"
+     "completed awaitable for every `with` (for the long-lived holds of a lock:\n"
+     "they form a reference cycle)."},
     {NULL, NULL, 0, NULL},
 };
 
 /* ---------------------------------------------------- Bound methods kept
  *
  * `with hold:` looks up hold.__enter__ and hold.__exit__ through their
- * descriptors, and on CPython before 3.14 each lookup allocates a bound
- * builtin method (a GC-tracked object, tracked and freed again at the end
- * of the block): two allocations that cost about as much as the hold
- * itself.  The long-lived holds (lock.reader_lock, writer_lock,
- * update_lock: RWLock.__init__ calls _keep_bound()) make those two bound
- * objects once and keep them; a small descriptor, installed in place of
- * the two method descriptors, hands out the kept object.
+ * descriptors (`async with`: __aenter__ and __aexit__), and on CPython
+ * before 3.14 each lookup allocates a bound builtin method (a GC-tracked
+ * object, tracked and freed again at the end of the block): two
+ * allocations that cost about as much as the hold itself.  The long-lived
+ * holds (lock.reader_lock, writer_lock, update_lock: RWLock.__init__ and
+ * AsyncRWLock.__init__ call _keep_bound()) make those four bound objects
+ * once and keep them; a small descriptor, installed in place of the four
+ * method descriptors, hands out the kept object.  They keep one more
+ * object: the completed awaitable a granted `async with` returns (its
+ * result is the hold).
  *
  * Nothing visible changes: the kept object is what the method descriptor
  * would have made (PyCFunction_NewEx of the same PyMethodDef with the hold
@@ -187,12 +327,12 @@ static PyMethodDef hold_methods[] = {
  * before, and class access (Hold.__enter__) still returns the method
  * descriptor.  The kept objects refer back to the hold: a cycle, collected
  * by the GC (hold_traverse/hold_clear see them); these holds are in a cycle
- * with their lock already (lock.reader_lock._lock is lock). */
+ * with their lock already (lock.reader_lock.lock is lock). */
 
 typedef struct {
     PyObject_HEAD
     PyObject *descr;            /* the method descriptor it replaces (owned) */
-    int which;                  /* BOUND_ENTER or BOUND_EXIT */
+    int which;                  /* BOUND_ENTER .. BOUND_AEXIT */
 } KeptDescrObject;
 
 static PyTypeObject *KeptDescrType;
@@ -201,7 +341,16 @@ static PyObject *hold_keep_bound(PyObject *self, PyObject *unused)
 {
     (void)unused;
     HoldObject *ho = (HoldObject *)self;
-    for (int i = BOUND_ENTER; i <= BOUND_EXIT; i++) {
+    if (ho->done == NULL) {
+        PyObject *d = done_new(self);
+        if (d == NULL)
+            return NULL;
+        if (ho->done == NULL)   /* (the allocation may run another thread) */
+            ho->done = d;
+        else
+            Py_DECREF(d);
+    }
+    for (int i = 0; i < NBOUND; i++) {
         if (ho->bound[i] != NULL)
             continue;
         PyObject *b = PyCFunction_NewEx(&hold_methods[i], self, NULL);
@@ -289,16 +438,25 @@ static int install_kept(int which)
 }
 
 static PyMemberDef hold_members[] = {
-    {"_lock", T_OBJECT, offsetof(HoldObject, lock), READONLY, "the RWLock"},
-    {"_timeout", T_OBJECT, offsetof(HoldObject, timeout), READONLY, "the timeout"},
     {"_kind", T_INT, offsetof(HoldObject, kind), READONLY, "SHL_KIND_*"},
     {NULL, 0, 0, 0, NULL},
 };
 
+static PyGetSetDef hold_getset[] = {
+    {"lock", hold_get_lock, NULL, "The lock this is a hold of.", NULL},
+    {"kind", hold_get_kind, NULL, "\"read\", \"write\" or \"update\".", NULL},
+    {"timeout", hold_get_timeout, NULL, "The timeout of `with hold:` (None: wait forever).",
+     NULL},
+    {"_what", hold_get_what, NULL, "\"read hold\", ...: what a message calls it.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyType_Slot hold_slots[] = {
-    {Py_tp_doc, (void *)"Base type of the sync hold objects: __enter__/__exit__ in C."},
+    {Py_tp_doc, (void *)"Base type of the hold objects: __enter__/__exit__ and\n"
+                        "__aenter__/__aexit__ in C."},
     {Py_tp_methods, hold_methods},
     {Py_tp_members, hold_members},
+    {Py_tp_getset, hold_getset},
     {Py_tp_init, FN_SLOT(hold_init)},
     {Py_tp_new, FN_SLOT(PyType_GenericNew)},
     {Py_tp_traverse, FN_SLOT(hold_traverse)},
@@ -320,5 +478,8 @@ int hold_install_kept(void)
     KeptDescrType = (PyTypeObject *)PyType_FromSpec(&kept_spec);
     if (KeptDescrType == NULL)
         return -1;
-    return install_kept(BOUND_ENTER) < 0 || install_kept(BOUND_EXIT) < 0 ? -1 : 0;
+    for (int i = 0; i < NBOUND; i++)
+        if (install_kept(i) < 0)
+            return -1;
+    return 0;
 }

@@ -1,7 +1,8 @@
 /*
  * lock.c - _fast.Lock, the base type of pyshmlock.RWLock: acquire_read/
- * write/update(timeout=None) as METH_FASTCALL methods, the releases, and
- * the `paused` property, each one C call into the core (calls.c).
+ * write/update(timeout=None), wait_resumed/wait_drained(timeout=None) and
+ * _attempt_block(kind, deadline, flags) as METH_FASTCALL methods (blocking
+ * attempts, attempt.c), the releases, and the `paused` property.
  */
 #include "fastpath.h"
 
@@ -9,50 +10,55 @@
 
 PyTypeObject *LockType;
 
-/* Parse (timeout=None) from a vectorcall; NULL on error. */
-static PyObject *timeout_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs,
-                             PyObject *kwnames)
+/* A blocking attempt of `kind` with (timeout=None): True, or False on timeout. */
+static PyObject *lock_wait_kind(PyObject *self, int kind, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *timeout = Py_None;
-    Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
-    if (nargs > 1) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most 1 argument (%zd given)",
-                     fname, nargs + nkw);
-        return NULL;
-    }
-    if (nargs == 1)
-        timeout = args[0];
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *k = PyTuple_GetItem(kwnames, i);
-        if (k == NULL)
-            return NULL;
-        if (PyUnicode_CompareWithASCIIString(k, "timeout") != 0) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
-                         fname, k);
-            return NULL;
-        }
-        if (nargs == 1) {
-            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument 'timeout'",
-                         fname);
-            return NULL;
-        }
-        timeout = args[nargs + i];
-    }
-    return timeout;   /* borrowed */
-}
-
-static PyObject *lock_acquire(PyObject *self, int kind, PyObject *const *args,
-                              Py_ssize_t nargs, PyObject *kwnames)
-{
-    LockObject *lk = (LockObject *)self;
-    const char *what = ACQUIRE_NAME[kind];
+    const char *what = KIND[kind].call;
     int64_t deadline = -1;
     if (nargs != 0 || kwnames != NULL) {
         PyObject *timeout = timeout_arg(what, args, nargs, kwnames);
         if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
             return NULL;
     }
-    int r = acquire(lk, kind, deadline, what);
+    int r = attempt_block(self, kind, 0, deadline, what);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+static PyObject *lock_wait_resumed(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    return lock_wait_kind(self, SHL_KIND_RESUMED, args, nargs, kwnames);
+}
+
+static PyObject *lock_wait_drained(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                   PyObject *kwnames)
+{
+    return lock_wait_kind(self, SHL_KIND_DRAINED, args, nargs, kwnames);
+}
+
+/* _attempt_block(kind, deadline, flags=0) -> bool: the blocking attempt of
+ * any kind, until an absolute deadline (from deadline_ns), for the calls
+ * Python composes (resume, begin_session). */
+static PyObject *lock_attempt_block(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "_attempt_block(kind, deadline, flags=0)");
+        return NULL;
+    }
+    long kind = PyLong_AsLong(args[0]);
+    long long deadline = PyLong_AsLongLong(args[1]);
+    unsigned long flags = nargs > 2 ? PyLong_AsUnsignedLong(args[2]) : 0;
+    if (PyErr_Occurred())
+        return NULL;
+    if (kind < KIND_MIN || kind > KIND_LAST) {
+        PyErr_Format(PyExc_ValueError, "unknown kind %ld", kind);
+        return NULL;
+    }
+    int r = attempt_block(self, (int)kind, (uint32_t)flags, (int64_t)deadline,
+                          KIND[kind].call);
     if (r < 0)
         return NULL;
     return PyBool_FromLong(r);
@@ -61,19 +67,19 @@ static PyObject *lock_acquire(PyObject *self, int kind, PyObject *const *args,
 static PyObject *lock_acquire_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames)
 {
-    return lock_acquire(self, SHL_KIND_READ, args, nargs, kwnames);
+    return lock_wait_kind(self, SHL_KIND_READ, args, nargs, kwnames);
 }
 
 static PyObject *lock_acquire_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    return lock_acquire(self, SHL_KIND_WRITE, args, nargs, kwnames);
+    return lock_wait_kind(self, SHL_KIND_WRITE, args, nargs, kwnames);
 }
 
 static PyObject *lock_acquire_update(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames)
 {
-    return lock_acquire(self, SHL_KIND_UPDATE, args, nargs, kwnames);
+    return lock_wait_kind(self, SHL_KIND_UPDATE, args, nargs, kwnames);
 }
 
 static PyObject *lock_release(PyObject *self, int kind)
@@ -85,7 +91,7 @@ static PyObject *lock_release(PyObject *self, int kind)
         Py_RETURN_NONE;
     int err = errno;
     PyObject *name = lock_name(self);
-    raise_rc(r, RELEASE_NAME[kind], name, err);
+    raise_rc(r, KIND[kind].release, name, err);
     Py_XDECREF(name);
     return NULL;
 }
@@ -160,6 +166,14 @@ static PyMethodDef lock_methods[] = {
      "proceeds at once if a pause\narrives while it waits."},
     {"release_update", lock_release_update, METH_NOARGS,
      "Give back this process's update hold (RuntimeError if none)."},
+    {"wait_resumed", FASTCALL_KW(lock_wait_resumed), METH_FASTCALL | METH_KEYWORDS,
+     "wait_resumed(timeout=None) -> bool\n\nWait until the lock is not paused; False on "
+     "timeout."},
+    {"wait_drained", FASTCALL_KW(lock_wait_drained), METH_FASTCALL | METH_KEYWORDS,
+     "wait_drained(timeout=None) -> bool\n\nWait until no read hold exists in any process; "
+     "False on timeout."},
+    {"_attempt_block", FASTCALL(lock_attempt_block), METH_FASTCALL,
+     "_attempt_block(kind, deadline, flags=0) -> bool: a blocking attempt of any kind."},
     {"_fast_bind", lock_bind, METH_O,
      "_fast_bind(address): the shl_lock * the fast methods use (0: closed)."},
     {NULL, NULL, 0, NULL},

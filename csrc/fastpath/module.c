@@ -1,10 +1,12 @@
 /*
  * module.c - the module pyshmlock._fast: setup(), which receives the core's
- * entry points from pyshmlock/_fastpath.py, and the module's creation with
- * its two types.
+ * entry points from pyshmlock/_fastpath.py, set_park() (pyshmlock/_park.py),
+ * deadline_ns() (the timeout rule, calls.c), and the module's creation with
+ * its types.
  */
 #include "fastpath.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* --------------------------------------------------------------- module */
@@ -30,14 +32,14 @@ static void *entry(PyObject *table, const char *name)
     return p;
 }
 
-/* setup(table, deadline_ns, error): table maps "shl_try", ... to addresses
- * taken from the cffi module; error(rc, what, name, errno) builds the
- * exception for a negative return code. */
+/* setup(table, error): table maps "shl_try", ... to addresses taken from
+ * the cffi module; error(rc, what, name, errno) builds the exception for a
+ * negative return code. */
 static PyObject *mod_setup(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    PyObject *table, *deadline_ns, *error;
-    if (!PyArg_ParseTuple(args, "O!OO", &PyDict_Type, &table, &deadline_ns, &error))
+    PyObject *table, *error;
+    if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &table, &error))
         return NULL;
 #define ENTRY(field, name)                                           \
     do {                                                             \
@@ -54,20 +56,70 @@ static PyObject *mod_setup(PyObject *mod, PyObject *args)
     ENTRY(release_update, "shl_release_update")
     ENTRY(is_paused, "shl_is_paused")
 #undef ENTRY
-    /* Again (a reloaded lock.py): the new callables replace the old. */
-    Py_INCREF(deadline_ns);
-    Py_XSETREF_COMPAT(g_deadline_ns, deadline_ns);
+    /* Again (a reloaded module): the new callable replaces the old. */
     Py_INCREF(error);
     Py_XSETREF_COMPAT(g_error, error);
     g_ready = 1;
     Py_RETURN_NONE;
 }
 
+/* set_park(park, unpark): the parking code of pyshmlock/_park.py.
+ * park(attempt) -> a future to wait on, or None (try again now);
+ * unpark(attempt): forget its parking record (the attempt ended). */
+static PyObject *mod_set_park(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *park, *unpark;
+    if (!PyArg_ParseTuple(args, "OO", &park, &unpark))
+        return NULL;
+    Py_INCREF(park);
+    Py_XSETREF_COMPAT(g_park, park);
+    Py_INCREF(unpark);
+    Py_XSETREF_COMPAT(g_unpark, unpark);
+    Py_RETURN_NONE;
+}
+
+/* deadline_ns(timeout) -> int: the timeout rule (calls.c to_deadline). */
+static PyObject *mod_deadline_ns(PyObject *mod, PyObject *timeout)
+{
+    (void)mod;
+    int64_t d;
+    if (to_deadline(timeout, &d) < 0)
+        return NULL;
+    return PyLong_FromLongLong(d);
+}
+
 static PyMethodDef mod_methods[] = {
     {"setup", mod_setup, METH_VARARGS,
-     "setup(table, deadline_ns, error): hand over the core's entry points (once)."},
+     "setup(table, error): hand over the core's entry points (once)."},
+    {"set_park", mod_set_park, METH_VARARGS,
+     "set_park(park, unpark): the asyncio parking code (pyshmlock/_park.py)."},
+    {"deadline_ns", mod_deadline_ns, METH_O,
+     "deadline_ns(timeout) -> int\n\nThe timeout rule: seconds to an absolute CLOCK_MONOTONIC\n"
+     "deadline in ns.  None, inf and any timeout of 146 years or more wait\n"
+     "forever (-1); 0 tries once (0).  Negative or NaN is a ValueError;\n"
+     "anything but None or a real number (a str, a bool) is a TypeError."},
     {NULL, NULL, 0, NULL},
 };
+
+/* The running interpreter is 3.10 or later (am_send may be installed). */
+static int have_am_send(void)
+{
+    int major = 0, minor = 0;
+    if (sscanf(Py_GetVersion(), "%d.%d", &major, &minor) != 2)
+        return 0;
+    return major > 3 || (major == 3 && minor >= 10);
+}
+
+static int add_type(PyObject *m, const char *name, PyTypeObject *tp)
+{
+    Py_INCREF(tp);
+    if (PyModule_AddObject(m, name, (PyObject *)tp) < 0) {
+        Py_DECREF(tp);
+        return -1;
+    }
+    return 0;
+}
 
 static struct PyModuleDef fast_module = {
     PyModuleDef_HEAD_INIT, "pyshmlock._fast",
@@ -85,21 +137,23 @@ PyMODINIT_FUNC PyInit__fast(void)
     LockType = (PyTypeObject *)PyType_FromSpec(&lock_spec);
     if (LockType == NULL)
         goto fail;
+    AsyncLockType = (PyTypeObject *)PyType_FromSpec(&alock_spec);
+    if (AsyncLockType == NULL)
+        goto fail;
     HoldType = (PyTypeObject *)PyType_FromSpec(&hold_spec);
     if (HoldType == NULL)
         goto fail;
-    if (hold_install_kept() < 0)
+    if (hold_install_kept() < 0 || awaitables_ready(have_am_send()) < 0)
         goto fail;
-    Py_INCREF(LockType);
-    if (PyModule_AddObject(m, "Lock", (PyObject *)LockType) < 0) {
-        Py_DECREF(LockType);
-        goto fail;
-    }
-    Py_INCREF(HoldType);
-    if (PyModule_AddObject(m, "Hold", (PyObject *)HoldType) < 0) {
-        Py_DECREF(HoldType);
+    PyObject *kinds = kind_table();
+    if (kinds == NULL || PyModule_AddObject(m, "KINDS", kinds) < 0) {
+        Py_XDECREF(kinds);
         goto fail;
     }
+    if (add_type(m, "Lock", LockType) < 0 || add_type(m, "AsyncLock", AsyncLockType) < 0 ||
+        add_type(m, "Hold", HoldType) < 0 || add_type(m, "Attempt", AttemptType) < 0 ||
+        add_type(m, "Done", DoneType) < 0)
+        goto fail;
     return m;
 fail:
     Py_DECREF(m);

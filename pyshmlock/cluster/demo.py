@@ -26,6 +26,7 @@ import urllib.request
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .._args import segment_path
 from ..lock import unlink
 from ._proc import spawn
 
@@ -71,7 +72,7 @@ class SimHost:
             with open(portfile) as f:
                 self.url = f"http://127.0.0.1:{f.read().strip()}"
         give_up = _now() + 15
-        while not os.path.exists(f"/dev/shm/pyshmlock.{self.lock_name}"):
+        while not os.path.exists(segment_path(self.lock_name)):
             if _now() > give_up or self.ctl.poll() is not None:
                 raise RuntimeError(f"{self.id}: no lock was made")
             time.sleep(0.01)

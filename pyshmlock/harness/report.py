@@ -64,6 +64,8 @@ def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
             rows.append(("uncontended calls", key, r["error"], ""))
             continue
         ratio = f"{r['vs_posix_ipc']:.2f}x posix_ipc pair" if r.get("vs_posix_ipc") else "-"
+        if r.get("vs_asyncio_lock"):
+            ratio = f"{r['vs_asyncio_lock']:.2f}x asyncio.Lock on its loop"
         rows.append(("uncontended calls", key, f"median {r['median_ns']:.0f} ns", ratio))
     rt = res.get("read_throughput", {})
     for key, r in rt.items():

@@ -1,11 +1,34 @@
 """Figure "uncontended calls": one process, no contention; pyshmlock's hold
-calls next to peer lock pairs and the measurement floors."""
+calls next to peer lock pairs and the measurement floors, and its asyncio
+holds next to asyncio.Lock, on the default event loop and on uvloop."""
+import asyncio
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..aio import AsyncRWLock
 from ..lock import RWLock, unlink
 from ._common import CTX, _name
+
+
+#: The event loops the asyncio rows run on: label -> factory, or the reason
+#: the rows are skipped.
+def _loops() -> Dict[str, Any]:
+    loops: Dict[str, Any] = {"asyncio": asyncio.new_event_loop}
+    try:
+        import uvloop
+        loops["uvloop"] = uvloop.new_event_loop
+    except ImportError:
+        loops["uvloop"] = "skipped: uvloop is not installed (pip install 'pyshmlock[bench]')"
+    return loops
+
+
+#: The asyncio rows: body of `async def loop(n): for _ in range(n): BODY`.
+ASYNC_CASES = {
+    "pyshmlock async with reader_lock": "async with cm: pass",
+    "pyshmlock await acquire_read() + release_read()": "await a(); r()",
+    "asyncio.Lock async with": "async with al: pass",
+}
 
 # ========================================================= uncontended calls
 # Each case is a loop body run n times in a function of its own, so that every
@@ -56,7 +79,34 @@ def _uncontended_cases() -> Tuple[Dict[str, Tuple[str, Dict[str, Any]]], List[Ca
         cases["floor: two bare C-API calls"] = ("f(); f()", {"f": capi_floor().noop})
     except ImportError as e:
         cases[f"floors skipped: {e.name} unavailable"] = ("", {})
+    alk = AsyncRWLock(name)
+    cleanups.insert(0, alk.close)
+    for loop_label, factory in _loops().items():
+        for label, body in ASYNC_CASES.items():
+            key = f"{label} ({loop_label})"
+            if isinstance(factory, str):
+                cases[key] = ("", {"error": factory})
+                continue
+            cases[key] = (body, {"cm": alk.reader_lock, "a": alk.acquire_read,
+                                 "r": alk.release_read, "al": asyncio.Lock(),
+                                 "__loop__": factory, "__base__": f"asyncio.Lock async with "
+                                                                  f"({loop_label})"})
     return cases, cleanups
+
+
+def _async_loop(body: str, env: Dict[str, Any], cleanups: List[Callable[[], None]]
+                ) -> Callable[[int], None]:
+    """A loop of `body` in a coroutine, run on a loop of its own."""
+    code = f"async def aloop(n):\n    for _ in range(n):\n        {body}\n"
+    ns: Dict[str, Any] = {k: v for k, v in env.items() if not k.startswith("__")}
+    exec(code, ns)
+    ev = env["__loop__"]()
+    cleanups.append(ev.close)
+    aloop = ns["aloop"]
+
+    def loop(n: int) -> None:
+        ev.run_until_complete(aloop(n))
+    return loop
 
 
 def uncontended(rounds: int, n: int) -> Dict[str, Any]:
@@ -65,9 +115,14 @@ def uncontended(rounds: int, n: int) -> Dict[str, Any]:
     rows: Dict[str, Any] = {}
     try:
         loops: Dict[str, Callable[[int], None]] = {}
+        bases: Dict[str, Optional[str]] = {}
         for label, (body, env) in cases.items():
             if not body:
-                rows[label] = {"error": "skipped"}
+                rows[label] = {"error": env.get("error", "skipped")}
+                continue
+            if "__loop__" in env:    # an asyncio row: ratio to asyncio.Lock on its loop
+                loops[label] = _async_loop(body, env, cleanups)
+                bases[label] = env["__base__"]
                 continue
             code = f"def loop(n):\n    for _ in range(n):\n        {body}\n"
             ns: Dict[str, Any] = dict(env)
@@ -87,6 +142,9 @@ def uncontended(rounds: int, n: int) -> Dict[str, Any]:
             med = statistics.median(ts)
             rows[label] = {"median_ns": med, "rounds": rounds, "n": n,
                            "vs_posix_ipc": med / base if base else None}
+            peer = bases.get(label)
+            if peer is not None:
+                rows[label]["vs_asyncio_lock"] = med / statistics.median(times[peer])
     finally:
         for c in cleanups:
             c()

@@ -1,0 +1,166 @@
+/*
+ * attempt.c - the attempt: the one loop of try, wait and cancel that every
+ * hold and every wait of pyshmlock goes through, blocking or asyncio.
+ *
+ * An attempt (attempt_t) is one shl_waiter with its deadline.  It owns:
+ *   - try: shl_try, which never sleeps (the GIL stays held);
+ *   - the shared-thread rule: a try that finds its own thread holding the
+ *     exclusive hold it asks for (SHL_EDEADLK) is refused only when it
+ *     would wait without end; a try once says "not had", a timed attempt
+ *     goes on as any thread of the process (another thread may release);
+ *     an asyncio attempt is made as any thread from the start (another task
+ *     of its loop may release);
+ *   - the deadline: checked after every try that must wait;
+ *   - the withdrawal: shl_cancel whenever the attempt ends without the
+ *     hold, so nothing (owed-reader count, exclusive claim) is left behind.
+ *
+ * Two drivers, one attempt:
+ *   attempt_block  a blocking call: try with the GIL held; if it must wait,
+ *                  release the GIL and loop shl_wait / try, with a Ctrl-C
+ *                  check after every wake-up that grants nothing.
+ *   Attempt        the same attempt as an awaitable, for asyncio
+ *                  (awaitable.c): each send tries on the loop thread; when
+ *                  it must wait it hands itself to the parking code
+ *                  (pyshmlock/_park.py park(), its registrations kept) and
+ *                  yields the future that code returns; woken, it tries
+ *                  again.  throw (cancellation), close and the garbage
+ *                  collector withdraw it.
+ */
+#include "fastpath.h"
+
+#include <errno.h>
+#include <string.h>
+
+/* ============================================================ the attempt */
+
+void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
+                  int shared)
+{
+    memset(a, 0, sizeof *a);
+    a->h = h;
+    a->deadline = deadline;
+    a->w.kind = kind;
+    a->w.flags = flags;
+    a->w.shared_thread = shared;
+}
+
+/* Withdraw the attempt's registrations, if it may hold any. */
+void attempt_cancel(attempt_t *a)
+{
+    if (a->pending) {
+        a->pending = 0;
+        core.cancel(a->h, &a->w);
+    }
+}
+
+/* One try.  SHL_OK had; SHL_AGAIN must wait (registrations kept, pending);
+ * SHL_TIMEDOUT a try once of the caller's own exclusive hold; <0 an error.
+ * Anything but SHL_OK and SHL_AGAIN leaves nothing behind.  GIL-free. */
+int attempt_try(attempt_t *a)
+{
+    for (;;) {
+        int r = core.try_(a->h, &a->w);
+        if (r == SHL_AGAIN) {
+            a->pending = 1;
+            return r;
+        }
+        if (r == SHL_OK) {
+            a->pending = 0;      /* granted: the waiter holds no registration */
+            return r;
+        }
+        a->err = errno;
+        a->pending = 1;
+        attempt_cancel(a);
+        /* The shared-thread rule (see the head of this file). */
+        if (r == SHL_EDEADLK && a->deadline >= 0 && !a->w.shared_thread) {
+            if (a->deadline == 0)
+                return SHL_TIMEDOUT;
+            attempt_init(a, a->h, a->w.kind, a->w.flags, a->deadline, 1);
+            continue;
+        }
+        return r;
+    }
+}
+
+/* Is the deadline behind us (a try once always is)? */
+int attempt_past(const attempt_t *a)
+{
+    return a->deadline == 0 || (a->deadline > 0 && monotonic_ns() >= a->deadline);
+}
+
+/*
+ * The blocking loop of one attempt, the GIL held on entry and on return:
+ * SHL_OK, SHL_TIMEDOUT, SHL_EINTR or <0, the last three with nothing left
+ * behind.  The GIL is released only when the attempt must wait.
+ *
+ * Ctrl-C between two sleeps: a SIGINT that lands while the thread is not in
+ * the futex system call (or is taken by another thread of the process) makes
+ * no EINTR, and the wait would go on to its deadline.  So a wake-up that
+ * does not grant the hold (a change, or the core's 100 ms safety-net probe)
+ * takes the GIL back for a moment and asks whether SIGINT was tripped.  If
+ * so it re-arms it (PyErr_SetInterrupt) and ends the attempt as SHL_EINTR
+ * does: withdrawn, then the Python handlers run (the default one raises
+ * KeyboardInterrupt).  No Python code runs while the attempt holds a
+ * registration: a handler may use the same lock.
+ */
+static int attempt_wait(attempt_t *a)
+{
+    int r = attempt_try(a);
+    if (r != SHL_AGAIN)
+        return r;
+    if (a->deadline == 0) {       /* try once: nothing to wait for */
+        attempt_cancel(a);
+        return SHL_TIMEDOUT;
+    }
+    PyThreadState *ts = PyEval_SaveThread();
+    for (;;) {
+        r = core.wait(a->h, &a->w, a->deadline);
+        if (r != SHL_OK) {
+            a->err = errno;
+            break;
+        }
+        r = attempt_try(a);
+        if (r != SHL_AGAIN)
+            break;
+        PyEval_RestoreThread(ts);
+        int interrupted = PyOS_InterruptOccurred();   /* clears the flag... */
+        if (interrupted)
+            PyErr_SetInterrupt();                       /* ...so trip it again */
+        ts = PyEval_SaveThread();
+        if (interrupted) {
+            r = SHL_EINTR;
+            break;
+        }
+    }
+    if (r != SHL_OK)
+        attempt_cancel(a);
+    PyEval_RestoreThread(ts);
+    return r;
+}
+
+/* A blocking attempt of `kind` on lock (a _fast.Lock) until deadline: 1 had,
+ * 0 timed out, -1 with an exception set (what names the call). */
+int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                  const char *what)
+{
+    if (!g_ready)
+        return not_ready();
+    attempt_t a;
+    for (;;) {
+        /* (Re-)read the handle: a signal handler may have closed the lock. */
+        attempt_init(&a, ((LockObject *)lock)->h, kind, flags, deadline, 0);
+        int r = attempt_wait(&a);
+        if (r == SHL_OK)
+            return 1;
+        if (r == SHL_TIMEDOUT)
+            return 0;
+        if (r != SHL_EINTR) {
+            PyObject *name = lock_name(lock);
+            raise_rc(r, what, name, a.err);
+            Py_XDECREF(name);
+            return -1;
+        }
+        if (PyErr_CheckSignals() < 0)
+            return -1;          /* e.g. KeyboardInterrupt; nothing is left behind */
+    }
+}

@@ -1,0 +1,604 @@
+/*
+ * awaitable.c - the attempt (attempt.c) as an awaitable for asyncio:
+ * _fast.Attempt, which tries on the loop thread, parks through
+ * pyshmlock/_park.py when it must wait and withdraws when cancelled, closed
+ * or collected; and _fast.Done, an awaitable completed already (what a
+ * granted `async with` returns).
+ */
+#include "fastpath.h"
+
+#include <string.h>
+
+/* ========================================================= the awaitables */
+
+PyTypeObject *AttemptType, *DoneType;
+PyObject *g_done_none, *g_done_true;
+PyObject *g_park, *g_unpark;
+
+/* StopIteration(value) raised, or none for None (which a yield from, an
+ * await and next() all read as a return of None); consumes value. */
+static PyObject *stop_with(PyObject *value, int always)
+{
+    if (value == Py_None && !always) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    PyObject *exc = PyObject_CallFunctionObjArgs(PyExc_StopIteration, value, NULL);
+    Py_DECREF(value);
+    if (exc != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* Raise what throw(typ[, val[, tb]]) was given. */
+static PyObject *raise_thrown(PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "throw expected 1 to 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *typ = args[0], *val = nargs > 1 ? args[1] : Py_None;
+    PyObject *tb = nargs > 2 ? args[2] : Py_None;
+    if (PyExceptionInstance_Check(typ)) {
+        if (val != Py_None) {
+            PyErr_SetString(PyExc_TypeError,
+                            "instance exception may not have a separate value");
+            return NULL;
+        }
+        PyErr_SetObject((PyObject *)Py_TYPE(typ), typ);
+    } else if (PyExceptionClass_Check(typ)) {
+        PyErr_SetObject(typ, val);
+    } else {
+        PyErr_SetString(PyExc_TypeError,
+                        "exceptions must be classes or instances deriving from BaseException");
+        return NULL;
+    }
+    if (tb != Py_None) {
+        PyObject *t, *v, *old;
+        PyErr_Fetch(&t, &v, &old);
+        PyErr_NormalizeException(&t, &v, &old);
+        Py_XDECREF(old);
+        Py_INCREF(tb);
+        if (v != NULL)
+            PyException_SetTraceback(v, tb);
+        PyErr_Restore(t, v, tb);
+    }
+    return NULL;
+}
+
+/* --------------------------------------------------------------- Done */
+
+/* An awaitable completed already: awaiting it gives `result` at once.  It
+ * has no state, so one object serves every await (a lock's holds keep one
+ * whose result is the hold; g_done_none serves every __aexit__). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *result;
+} DoneObject;
+
+PyObject *done_new(PyObject *result)
+{
+    DoneObject *d = (DoneObject *)PyType_GenericAlloc(DoneType, 0);
+    if (d == NULL)
+        return NULL;
+    Py_INCREF(result);
+    d->result = result;
+    return (PyObject *)d;
+}
+
+static PyObject *self_iter(PyObject *self)
+{
+    Py_INCREF(self);
+    return self;
+}
+
+static int done_am_send(PyObject *self, PyObject *arg, PyObject **out)
+{
+    (void)arg;
+    *out = ((DoneObject *)self)->result;
+    Py_INCREF(*out);
+    return FP_SEND_RETURN;
+}
+
+static PyObject *done_next(PyObject *self)
+{
+    PyObject *r = ((DoneObject *)self)->result;
+    Py_INCREF(r);
+    return stop_with(r, 0);
+}
+
+static PyObject *done_send(PyObject *self, PyObject *arg)
+{
+    (void)arg;
+    PyObject *r = ((DoneObject *)self)->result;
+    Py_INCREF(r);
+    return stop_with(r, 1);
+}
+
+static PyObject *done_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    return raise_thrown(args, nargs);
+}
+
+static PyObject *done_close(PyObject *self, PyObject *unused)
+{
+    (void)self;
+    (void)unused;
+    Py_RETURN_NONE;
+}
+
+static int done_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((DoneObject *)self)->result);
+    return 0;
+}
+
+static int done_clear(PyObject *self)
+{
+    Py_CLEAR(((DoneObject *)self)->result);
+    return 0;
+}
+
+static void done_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    done_clear(self);
+    freefunc free_fn = (freefunc)(uintptr_t)PyType_GetSlot(tp, Py_tp_free);
+    free_fn(self);
+    Py_DECREF(tp);
+}
+
+/* Only pyshmlock makes these (Py_TPFLAGS_DISALLOW_INSTANTIATION needs 3.10). */
+static PyObject *no_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    (void)type;
+    (void)args;
+    (void)kwds;
+    PyErr_SetString(PyExc_TypeError, "pyshmlock makes its awaitables: they cannot be created");
+    return NULL;
+}
+
+static PyMethodDef done_methods[] = {
+    {"send", done_send, METH_O, "send(value): completed, so StopIteration(result)."},
+    {"throw", FASTCALL(done_throw), METH_FASTCALL, "throw(exc): raise it."},
+    {"close", done_close, METH_NOARGS, "close(): nothing to do."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot done_slots[] = {
+    {Py_tp_doc, (void *)"An awaitable completed already (a hold granted at once)."},
+    {Py_tp_new, FN_SLOT(no_new)},
+    {Py_tp_methods, done_methods},
+    {Py_tp_iter, FN_SLOT(self_iter)},
+    {Py_tp_iternext, FN_SLOT(done_next)},
+    {Py_am_await, FN_SLOT(self_iter)},
+    {Py_tp_traverse, FN_SLOT(done_traverse)},
+    {Py_tp_clear, FN_SLOT(done_clear)},
+    {Py_tp_dealloc, FN_SLOT(done_dealloc)},
+    {FP_AM_SEND, FN_SLOT(done_am_send)},      /* last: cleared before 3.10 */
+    {0, NULL},
+};
+
+PyType_Spec done_spec = {
+    "pyshmlock._fast.Done", sizeof(DoneObject), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    done_slots,
+};
+
+/* ------------------------------------------------------------- Attempt */
+
+enum {
+    A_FRESH,        /* not tried yet (acquire_*: the first send tries) */
+    A_TRIED,        /* tried when made (__aenter__, resume): must wait */
+    A_PARKED,       /* yielded the parking code's future */
+    A_DONE,         /* finished, withdrawn or closed */
+};
+
+typedef struct {
+    PyObject_HEAD
+    attempt_t a;
+    PyObject *lock;             /* the RWLock: its name, and what park() needs */
+    PyObject *hold;             /* a hold's __aenter__: the result, the TimeoutError */
+    PyObject *parked;           /* the parking code's record while it may be parked */
+    const char *what;           /* the call, for messages */
+    int state;
+    int sent;                   /* awaited (sent) at least once */
+} AttemptObject;
+
+PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
+                      int64_t deadline, int now, const char *what)
+{
+    if (!g_ready)
+        return not_ready(), NULL;
+    attempt_t a;
+    attempt_init(&a, ((LockObject *)lock)->h, kind, flags, deadline, 1);
+    int state = A_FRESH;
+    if (now) {
+        int r = attempt_try(&a);
+        if (r == SHL_OK) {
+            if (hold != NULL)
+                return hold_done(hold);
+            Py_INCREF(g_done_true);
+            return g_done_true;
+        }
+        if (r != SHL_AGAIN) {
+            PyObject *name = lock_name(lock);
+            raise_rc(r, what, name, a.err);
+            Py_XDECREF(name);
+            return NULL;
+        }
+        state = A_TRIED;
+    }
+    AttemptObject *o = (AttemptObject *)PyType_GenericAlloc(AttemptType, 0);
+    if (o == NULL) {
+        attempt_cancel(&a);
+        return NULL;
+    }
+    o->a = a;
+    Py_INCREF(lock);
+    o->lock = lock;
+    Py_XINCREF(hold);
+    o->hold = hold;
+    o->what = what;
+    o->state = state;
+    return (PyObject *)o;
+}
+
+/* Forget the parking record (its timer, its watcher registration), with any
+ * exception in flight kept; a failure of the hook itself is unraisable. */
+static void forget_parked(AttemptObject *o)
+{
+    if (o->parked == NULL)
+        return;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *r = g_unpark ? PyObject_CallFunctionObjArgs(g_unpark, (PyObject *)o, NULL) : NULL;
+    if (r == NULL && g_unpark)
+        PyErr_WriteUnraisable(g_unpark);
+    Py_XDECREF(r);
+    Py_CLEAR(o->parked);
+    PyErr_Restore(t, v, tb);
+}
+
+/* End the attempt without the hold: withdrawn, parking forgotten. */
+static void attempt_abandon(AttemptObject *o)
+{
+    if (o->state == A_DONE)
+        return;
+    o->state = A_DONE;
+    attempt_cancel(&o->a);
+    forget_parked(o);
+}
+
+#define PY_ERROR_SET (-1000)    /* attempt_finish: the exception is set already */
+
+/* Finish with outcome r (nothing is pending any more): 0 with *out the
+ * result, or -1 with an exception set. */
+static int attempt_finish(AttemptObject *o, int r, PyObject **out)
+{
+    o->state = A_DONE;
+    forget_parked(o);
+    if (r == SHL_OK) {
+        *out = o->hold ? o->hold : Py_True;
+        Py_INCREF(*out);
+        return 0;
+    }
+    if (r == SHL_TIMEDOUT) {
+        if (o->hold != NULL) {
+            hold_timeout_error(o->hold);
+            return -1;
+        }
+        Py_INCREF(Py_False);
+        *out = Py_False;
+        return 0;
+    }
+    if (r != PY_ERROR_SET) {
+        PyObject *name = lock_name(o->lock);
+        raise_rc(r, o->what, name, o->a.err);
+        Py_XDECREF(name);
+    }
+    return -1;
+}
+
+/* One send: 1 yielded (*out: the future to wait on), 0 finished (*out: the
+ * result), -1 exception set. */
+static int attempt_step(AttemptObject *o, PyObject **out)
+{
+    int r;
+    o->sent = 1;
+    switch (o->state) {
+    case A_DONE:
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited attempt");
+        return -1;
+    case A_TRIED:
+        r = SHL_AGAIN;
+        break;
+    default:                     /* A_FRESH, or A_PARKED and woken: try (again) */
+        r = attempt_try(&o->a);
+        break;
+    }
+    for (;;) {
+        if (r == SHL_AGAIN && attempt_past(&o->a)) {
+            attempt_cancel(&o->a);
+            r = SHL_TIMEDOUT;
+        }
+        if (r != SHL_AGAIN)
+            return attempt_finish(o, r, out);
+        if (g_park == NULL) {
+            attempt_cancel(&o->a);
+            PyErr_SetString(PyExc_RuntimeError, "pyshmlock's asyncio parking is not set up");
+            return attempt_finish(o, PY_ERROR_SET, out);
+        }
+        /* park(attempt): the future to yield, or None (the word changed
+         * already: try again now).  It may raise (LockClosingError, no
+         * running loop): the attempt is withdrawn. */
+        PyObject *fut = PyObject_CallFunctionObjArgs(g_park, (PyObject *)o, NULL);
+        if (fut == NULL) {
+            attempt_cancel(&o->a);
+            return attempt_finish(o, PY_ERROR_SET, out);
+        }
+        if (fut != Py_None) {
+            o->state = A_PARKED;
+            *out = fut;
+            return 1;
+        }
+        Py_DECREF(fut);
+        r = attempt_try(&o->a);
+    }
+}
+
+static int attempt_am_send(PyObject *self, PyObject *arg, PyObject **out)
+{
+    (void)arg;
+    int r = attempt_step((AttemptObject *)self, out);
+    if (r < 0) {
+        *out = NULL;
+        return FP_SEND_ERROR;
+    }
+    return r ? FP_SEND_NEXT : FP_SEND_RETURN;
+}
+
+static PyObject *attempt_next(PyObject *self)
+{
+    PyObject *out;
+    int r = attempt_step((AttemptObject *)self, &out);
+    if (r < 0)
+        return NULL;
+    return r ? out : stop_with(out, 0);
+}
+
+static PyObject *attempt_send(PyObject *self, PyObject *arg)
+{
+    (void)arg;
+    PyObject *out;
+    int r = attempt_step((AttemptObject *)self, &out);
+    if (r < 0)
+        return NULL;
+    return r ? out : stop_with(out, 1);
+}
+
+/* Cancellation (Task.cancel, a timeout around it) arrives here: withdraw,
+ * then raise what was thrown. */
+static PyObject *attempt_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    AttemptObject *o = (AttemptObject *)self;
+    o->sent = 1;
+    attempt_abandon(o);
+    return raise_thrown(args, nargs);
+}
+
+static PyObject *attempt_close(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    AttemptObject *o = (AttemptObject *)self;
+    o->sent = 1;
+    attempt_abandon(o);
+    Py_RETURN_NONE;
+}
+
+/* _cancel(): withdraw now, without the parking code (the close hook of a
+ * lock whose tasks sit on a closed loop calls it, holding the helper's
+ * lock; the record goes with the attempt). */
+static PyObject *attempt_cancel_method(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    AttemptObject *o = (AttemptObject *)self;
+    if (o->state != A_DONE) {
+        o->state = A_DONE;
+        o->sent = 1;
+        attempt_cancel(&o->a);
+    }
+    Py_RETURN_NONE;
+}
+
+/* Never awaited: say so, as an un-awaited coroutine does. */
+static void warn_unawaited(AttemptObject *o)
+{
+    if (o->sent || o->state == A_DONE)
+        return;
+    o->sent = 1;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *name = lock_name(o->lock);
+    /* (Not o in the unraisable report: dealloc calls this at refcount 0.) */
+    if (PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%s of lock %R was never awaited", o->what,
+                         name ? name : Py_None) < 0)
+        PyErr_WriteUnraisable(o->lock);
+    Py_XDECREF(name);
+    PyErr_Restore(t, v, tb);
+}
+
+/* The garbage collector's way in: a parked attempt is in a cycle with its
+ * record (and with its task, when the loop went away). */
+static void attempt_finalize(PyObject *self)
+{
+    AttemptObject *o = (AttemptObject *)self;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    warn_unawaited(o);
+    attempt_abandon(o);
+    PyErr_Restore(t, v, tb);
+}
+
+static int attempt_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    AttemptObject *o = (AttemptObject *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(o->lock);
+    Py_VISIT(o->hold);
+    Py_VISIT(o->parked);
+    return 0;
+}
+
+static int attempt_clear(PyObject *self)
+{
+    AttemptObject *o = (AttemptObject *)self;
+    Py_CLEAR(o->parked);
+    Py_CLEAR(o->hold);
+    Py_CLEAR(o->lock);
+    return 0;
+}
+
+static void attempt_dealloc(PyObject *self)
+{
+    AttemptObject *o = (AttemptObject *)self;
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (o->state != A_DONE) {
+        /* Not parked (a record would keep us alive): withdrawing needs no
+         * Python, and none may see us now. */
+        if (o->lock != NULL)
+            warn_unawaited(o);
+        o->state = A_DONE;
+        attempt_cancel(&o->a);
+    }
+    attempt_clear(self);
+    freefunc free_fn = (freefunc)(uintptr_t)PyType_GetSlot(tp, Py_tp_free);
+    free_fn(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *attempt_get_lock(PyObject *self, void *closure)
+{
+    (void)closure;
+    PyObject *l = ((AttemptObject *)self)->lock;
+    Py_INCREF(l);
+    return l;
+}
+
+static PyObject *attempt_get_kind(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromLong(((AttemptObject *)self)->a.w.kind);
+}
+
+static PyObject *attempt_get_remaining(PyObject *self, void *closure)
+{
+    (void)closure;
+    int64_t d = ((AttemptObject *)self)->a.deadline;
+    if (d < 0)
+        Py_RETURN_NONE;
+    int64_t left = d - monotonic_ns();
+    return PyFloat_FromDouble(left > 0 ? (double)left / 1e9 : 0.0);
+}
+
+static PyObject *attempt_get_waiter(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromVoidPtr(&((AttemptObject *)self)->a.w);
+}
+
+static PyObject *attempt_get_parked(PyObject *self, void *closure)
+{
+    (void)closure;
+    PyObject *p = ((AttemptObject *)self)->parked;
+    p = p ? p : Py_None;
+    Py_INCREF(p);
+    return p;
+}
+
+static int attempt_set_parked(PyObject *self, PyObject *value, void *closure)
+{
+    (void)closure;
+    AttemptObject *o = (AttemptObject *)self;
+    PyObject *old = o->parked;
+    if (value == Py_None)
+        value = NULL;
+    Py_XINCREF(value);
+    o->parked = value;
+    Py_XDECREF(old);
+    return 0;
+}
+
+static PyMethodDef attempt_methods[] = {
+    {"send", attempt_send, METH_O, "send(value): try (again); yields a future to wait on."},
+    {"throw", FASTCALL(attempt_throw), METH_FASTCALL,
+     "throw(exc): withdraw the attempt, then raise exc."},
+    {"close", attempt_close, METH_NOARGS, "close(): withdraw the attempt."},
+    {"_cancel", attempt_cancel_method, METH_NOARGS,
+     "_cancel(): withdraw now, without calling the parking code."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef attempt_getset[] = {
+    {"lock", attempt_get_lock, NULL, "the RWLock the attempt is made on", NULL},
+    {"kind", attempt_get_kind, NULL, "SHL_KIND_* of the attempt", NULL},
+    {"remaining", attempt_get_remaining, NULL,
+     "seconds left until the deadline (None: no deadline)", NULL},
+    {"_waiter", attempt_get_waiter, NULL, "address of its shl_waiter (for the watcher)", NULL},
+    {"_parked", attempt_get_parked, attempt_set_parked,
+     "the parking code's record of this attempt (pyshmlock/_park.py), or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot attempt_slots[] = {
+    {Py_tp_doc, (void *)"An attempt for a hold (or a wait) of pyshmlock, as an awaitable:\n"
+                        "it tries on the loop thread, parks only when it must wait, and\n"
+                        "withdraws when cancelled, closed or collected."},
+    {Py_tp_new, FN_SLOT(no_new)},
+    {Py_tp_methods, attempt_methods},
+    {Py_tp_getset, attempt_getset},
+    {Py_tp_iter, FN_SLOT(self_iter)},
+    {Py_tp_iternext, FN_SLOT(attempt_next)},
+    {Py_am_await, FN_SLOT(self_iter)},
+    {Py_tp_traverse, FN_SLOT(attempt_traverse)},
+    {Py_tp_clear, FN_SLOT(attempt_clear)},
+    {Py_tp_finalize, FN_SLOT(attempt_finalize)},
+    {Py_tp_dealloc, FN_SLOT(attempt_dealloc)},
+    {FP_AM_SEND, FN_SLOT(attempt_am_send)},   /* last: cleared before 3.10 */
+    {0, NULL},
+};
+
+PyType_Spec attempt_spec = {
+    "pyshmlock._fast.Attempt", sizeof(AttemptObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, attempt_slots,
+};
+
+/* Before 3.10 the am_send slot is unknown: drop it (the last slot of each
+ * awaitable's spec) so that PyType_FromSpec accepts the spec. */
+int awaitables_ready(int have_am_send)
+{
+    if (!have_am_send) {
+        PyType_Slot *specs[] = {attempt_slots, done_slots};
+        for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+            PyType_Slot *s = specs[k];
+            while (s->slot != FP_AM_SEND)
+                s++;
+            s->slot = 0;
+            s->pfunc = NULL;
+        }
+    }
+    AttemptType = (PyTypeObject *)PyType_FromSpec(&attempt_spec);
+    if (AttemptType == NULL)
+        return -1;
+    DoneType = (PyTypeObject *)PyType_FromSpec(&done_spec);
+    if (DoneType == NULL)
+        return -1;
+    g_done_none = done_new(Py_None);
+    g_done_true = done_new(Py_True);
+    return g_done_none && g_done_true ? 0 : -1;
+}
