@@ -55,6 +55,6 @@ def test_uncontended_section_reports_pyshmlock_peers_and_floors():
                 assert loop == "uvloop" and "uvloop is not installed" in row["error"], row
             else:
                 assert row["median_ns"] > 0 and row["vs_asyncio_lock"] > 0, (label, row)
-    report = benchmark.format_report({"uncontended": rows})
+    report = benchmark.format_report({"uncontended": rows}, width=1000)  # content, not layout
     assert "uncontended calls" in report and "pyshmlock read pair" in report
     assert "x asyncio.Lock on its loop" in report
