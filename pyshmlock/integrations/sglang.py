@@ -41,6 +41,30 @@ from ..aio import AsyncRWLock
 from ..cluster._keys import FENCE_HEADER
 from ..errors import FencingError
 
+__all__ = [
+    "DEFAULT_APP_PATH",
+    "ENV_APP_PATH",
+    "ENV_LOCK_NAME",
+    "ENV_SESSION_TTL",
+    "ENV_UNTESTED",
+    "INTEGRATED_APP_PATH",
+    "PATCHED",
+    "SGLANG_APP_PATH",
+    "TESTED_VERSIONS",
+    "USED",
+    "IncompatibleSGLangError",
+    "SharedGateCondition",
+    "SharedModelUpdateLock",
+    "UntestedSGLangError",
+    "check_version",
+    "install",
+    "installed",
+    "lock_name",
+    "main",
+    "sglang_version",
+    "uninstall",
+]
+
 logger = logging.getLogger(__name__)
 
 #: SGLang releases this integration was tested with (tests/sglang_server/).
