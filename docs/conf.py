@@ -27,6 +27,33 @@ def _mutants() -> dict:
 
 MUTANTS = _mutants()
 
+
+def _write_mutant_table() -> None:
+    """docs/_generated/mutants.md: every mutant the model check runs, with
+    what it injects, from verify/run.py (the verification page includes it)."""
+    rows = ["| mutant | what it injects | expected |", "|---|---|---|"]
+    for name, m in MUTANTS.items():
+        what = m.what.replace("|", "\\|")
+        expected = "caught" if m.caught else "holds (no checked property needs the step)"
+        quick = "" if m.quick else " (`make verify` only)"
+        rows.append(f"| `{name}`{quick} | {what} | {expected} |")
+    out = os.path.join(ROOT, "docs", "_generated")
+    os.makedirs(out, exist_ok=True)
+    text = "\n".join(rows) + "\n"
+    path = os.path.join(out, "mutants.md")
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    with open(path + f".{os.getpid()}", "w") as f:
+        f.write(text)
+    os.replace(path + f".{os.getpid()}", path)
+
+
+_write_mutant_table()
+
 # pyshmlock.cluster imports its names lazily (module __getattr__), which
 # autodoc cannot see: resolve them once, so the reference lists every name.
 import pyshmlock.cluster  # noqa: E402
@@ -46,7 +73,10 @@ extensions = [
 ]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "prometheus", "Thumbs.db", ".DS_Store"]
+# A bare fence is pseudo-code or output, not Python: only ```python blocks
+# are Python, and the suite runs every one of them (tests/test_docs_site.py).
+highlight_language = "text"
+exclude_patterns = ["_build", "_generated", "prometheus", "Thumbs.db", ".DS_Store"]
 
 # Markdown: GitHub-style heading anchors, so links such as
 # OPERATIONS.md#a-stale-segment-after-a-restart work on the site and on GitHub.

@@ -80,7 +80,9 @@ ENV_APP_PATH = "PYSHMLOCK_SGLANG_APP_PATH"
 ENV_SESSION_TTL = "PYSHMLOCK_SGLANG_SESSION_TTL"
 #: SGLang's own setting: the app each multi-tokenizer worker imports.
 SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
+#: The app SGLang's workers import when that setting is not given.
 DEFAULT_APP_PATH = "sglang.srt.entrypoints.http_server:app"
+#: The app the launcher points the workers at: install(), then the app above.
 INTEGRATED_APP_PATH = "pyshmlock.integrations.sglang_app:app"
 
 
