@@ -17,11 +17,7 @@ def read(*path):
 
 
 def _mutants():
-    spec = importlib.util.spec_from_file_location("_verify_run",
-                                                  os.path.join(ROOT, "verify", "run.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.MUTANTS
+    return _verify_run().MUTANTS
 
 
 def _forever_years():
@@ -224,3 +220,30 @@ def test_design_names_the_registry_and_helpers_locks_where_they_live():
         module, name = qualified
         assert re.search(rf"^{name} = threading\.Lock\(\)", read("pyshmlock", module + ".py"),
                          re.M), f"DESIGN names {module}.{name}, which is not there"
+
+
+def _verify_run():
+    spec = importlib.util.spec_from_file_location("_verify_run",
+                                                  os.path.join(ROOT, "verify", "run.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
+                "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen"]
+
+
+def test_documented_quick_model_check_is_what_verify_quick_runs():
+    """DESIGN §9 says which configurations and mutants `make verify-quick`
+    runs: the ones verify/run.py marks quick."""
+    run = _verify_run()
+    m = re.search(r"`make verify-quick` runs the first (\w+) configurations.*?and every "
+                  r"mutant but (.*?) in about a", read("docs", "DESIGN.md"), re.S)
+    assert m, "DESIGN no longer says what make verify-quick runs"
+    quick = [c.quick for c in run.CONFIGS]
+    first = quick.index(False) if False in quick else len(quick)
+    assert all(not q for q in quick[first:]), "the quick configurations are not the first ones"
+    assert m.group(1) == NUMBER_WORDS[first], f"DESIGN says {m.group(1)}; run.py: {first}"
+    named = set(re.findall(r"`([A-Z_]+)`", m.group(2)))
+    assert named == {n for n, mu in run.MUTANTS.items() if not mu.quick}, named
