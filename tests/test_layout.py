@@ -39,7 +39,7 @@ def test_c_file_states_its_concern_first(folder, name):
 
 @pytest.mark.parametrize("folder,name", C_FILES)
 def test_c_file_is_named_in_readme_and_design(folder, name):
-    assert f"`{name}`" in _read("README.md"), f"README's layout table misses {name}"
+    assert f"`{name}`" in _read("docs", "layout.md"), f"the site's layout page misses {name}"
     assert f"`{folder}/{name}`" in _read("docs", "DESIGN.md"), f"DESIGN.md's map misses {name}"
 
 

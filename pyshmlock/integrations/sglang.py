@@ -41,6 +41,30 @@ from ..aio import AsyncRWLock
 from ..cluster._keys import FENCE_HEADER
 from ..errors import FencingError
 
+__all__ = [
+    "DEFAULT_APP_PATH",
+    "ENV_APP_PATH",
+    "ENV_LOCK_NAME",
+    "ENV_SESSION_TTL",
+    "ENV_UNTESTED",
+    "INTEGRATED_APP_PATH",
+    "PATCHED",
+    "SGLANG_APP_PATH",
+    "TESTED_VERSIONS",
+    "USED",
+    "IncompatibleSGLangError",
+    "SharedGateCondition",
+    "SharedModelUpdateLock",
+    "UntestedSGLangError",
+    "check_version",
+    "install",
+    "installed",
+    "lock_name",
+    "main",
+    "sglang_version",
+    "uninstall",
+]
+
 logger = logging.getLogger(__name__)
 
 #: SGLang releases this integration was tested with (tests/sglang_server/).
@@ -56,7 +80,9 @@ ENV_APP_PATH = "PYSHMLOCK_SGLANG_APP_PATH"
 ENV_SESSION_TTL = "PYSHMLOCK_SGLANG_SESSION_TTL"
 #: SGLang's own setting: the app each multi-tokenizer worker imports.
 SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
+#: The app SGLang's workers import when that setting is not given.
 DEFAULT_APP_PATH = "sglang.srt.entrypoints.http_server:app"
+#: The app the launcher points the workers at: install(), then the app above.
 INTEGRATED_APP_PATH = "pyshmlock.integrations.sglang_app:app"
 
 
