@@ -304,6 +304,28 @@ static int attempt_finish(AttemptObject *o, int r, PyObject **out)
     return -1;
 }
 
+/* Is the future a parked attempt yielded still pending (nobody woke it)?
+ * 1 yes, 0 no (woken, cancelled, or none), -1 exception set. */
+static int parked_future_pending(AttemptObject *o)
+{
+    if (o->parked == NULL)
+        return 0;
+    PyObject *fut = PyObject_GetAttrString(o->parked, "future");
+    if (fut == NULL)
+        return -1;
+    if (fut == Py_None) {
+        Py_DECREF(fut);
+        return 0;
+    }
+    PyObject *done = PyObject_CallMethod(fut, "done", NULL);
+    Py_DECREF(fut);
+    if (done == NULL)
+        return -1;
+    int pending = !PyObject_IsTrue(done);
+    Py_DECREF(done);
+    return pending;
+}
+
 /* One send: 1 yielded (*out: the future to wait on), 0 finished (*out: the
  * result), -1 exception set. */
 static int attempt_step(AttemptObject *o, PyObject **out)
@@ -314,10 +336,27 @@ static int attempt_step(AttemptObject *o, PyObject **out)
     case A_DONE:
         PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited attempt");
         return -1;
+    case A_PARKED: {
+        /* A send before the future it yielded completed is a second awaiter
+         * (another task, another loop): refuse it, as a coroutine awaited
+         * twice is, and leave the attempt to its first awaiter.  Trying (and
+         * parking again) here would replace the future the first awaiter
+         * waits on, and nobody would ever wake it.  Only the woken path pays
+         * for the check. */
+        int pending = parked_future_pending(o);
+        if (pending < 0)
+            return -1;
+        if (pending) {
+            PyErr_SetString(PyExc_RuntimeError, "attempt is being awaited already");
+            return -1;
+        }
+        r = attempt_try(&o->a);
+        break;
+    }
     case A_TRIED:
         r = SHL_AGAIN;
         break;
-    default:                     /* A_FRESH, or A_PARKED and woken: try (again) */
+    default:                     /* A_FRESH: try */
         r = attempt_try(&o->a);
         break;
     }
