@@ -145,6 +145,10 @@ PyMODINIT_FUNC PyInit__fast(void)
         goto fail;
     if (hold_install_kept() < 0 || awaitables_ready(have_am_send()) < 0)
         goto fail;
+    if (attempt_fork_ready() < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "pyshmlock._fast: pthread_atfork failed");
+        goto fail;
+    }
     PyObject *kinds = kind_table();
     if (kinds == NULL || PyModule_AddObject(m, "KINDS", kinds) < 0) {
         Py_XDECREF(kinds);
