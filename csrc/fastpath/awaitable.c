@@ -209,6 +209,15 @@ typedef struct {
     int sent;                   /* awaited (sent) at least once */
 } AttemptObject;
 
+/* A hold granted whose result cannot be handed over (no memory for it):
+ * give it back, so that the MemoryError leaves nothing held.  The waits
+ * (resume, wait_resumed, ...) hold nothing. */
+static void give_back_grant(shl_lock *h, int kind)
+{
+    if (kind >= SHL_KIND_READ && kind <= SHL_KIND_UPDATE)
+        (void)release(h, kind);
+}
+
 PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
                       int64_t deadline, int now, const char *what)
 {
@@ -220,10 +229,14 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
     if (now) {
         int r = attempt_try(&a);
         if (r == SHL_OK) {
-            if (hold != NULL)
-                return hold_done(hold);
-            Py_INCREF(g_done_true);
-            return g_done_true;
+            if (hold == NULL) {
+                Py_INCREF(g_done_true);
+                return g_done_true;
+            }
+            PyObject *done = hold_done(hold);
+            if (done == NULL)
+                give_back_grant(a.h, kind);
+            return done;
         }
         if (r != SHL_AGAIN) {
             PyObject *name = lock_name(lock);
@@ -401,13 +414,24 @@ static int attempt_am_send(PyObject *self, PyObject *arg, PyObject **out)
     return r ? FP_SEND_NEXT : FP_SEND_RETURN;
 }
 
+/* The result out as StopIteration(out); a hold granted whose StopIteration
+ * cannot be made (MemoryError) is given back. */
+static PyObject *attempt_return(AttemptObject *o, PyObject *out, int always)
+{
+    int granted = out != Py_False;      /* a hold's result: the hold or True */
+    stop_with(out, always);
+    if (granted && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration))
+        give_back_grant(o->a.h, o->a.w.kind);
+    return NULL;
+}
+
 static PyObject *attempt_next(PyObject *self)
 {
     PyObject *out;
     int r = attempt_step((AttemptObject *)self, &out);
     if (r < 0)
         return NULL;
-    return r ? out : stop_with(out, 0);
+    return r ? out : attempt_return((AttemptObject *)self, out, 0);
 }
 
 static PyObject *attempt_send(PyObject *self, PyObject *arg)
@@ -417,7 +441,7 @@ static PyObject *attempt_send(PyObject *self, PyObject *arg)
     int r = attempt_step((AttemptObject *)self, &out);
     if (r < 0)
         return NULL;
-    return r ? out : stop_with(out, 1);
+    return r ? out : attempt_return((AttemptObject *)self, out, 1);
 }
 
 /* Cancellation (Task.cancel, a timeout around it) arrives here: withdraw,
