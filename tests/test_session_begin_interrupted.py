@@ -1,10 +1,11 @@
-"""begin_session() composes attempts in Python: unpinned, then an update
-hold, then the pin, which releases the hold.  A signal handler that raises
-(KeyboardInterrupt is one) and runs just after the update is granted, before
-the pin, must not leave the update hold behind: the caller never saw it and
-cannot release it.  The signal is taken by another thread, so the waiting
-thread gets no EINTR and the handler runs only once the grant has returned.
-The reader that keeps the update waiting is another process."""
+"""begin_session(): unpinned, then an update hold, then the pin, which
+releases the hold.  A signal handler that raises (KeyboardInterrupt is one)
+and runs just after the update is granted must not leave the update hold
+behind: the caller never saw it and cannot release it (the pin is made in C
+straight after the grant, blocking and asyncio).  The signal is taken by
+another thread, so the waiting thread gets no EINTR and the handler runs
+only once the grant has returned.  The reader that keeps the update waiting is another process."""
+import asyncio
 import signal
 import threading
 import time
@@ -22,10 +23,6 @@ class _Interrupted(Exception):
     pass
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the grant of the update and the pin are two calls with Python between "
-    "them: a handler that raises there leaks the update hold; closing the window "
-    "needs the pin made in C right after the grant (blocking and asyncio)"))
 def test_an_interrupt_landing_right_after_the_update_is_granted_leaks_no_hold(
         lock_name, children):
     cmd = FORK.Queue()
@@ -72,3 +69,37 @@ def test_an_interrupt_landing_right_after_the_update_is_granted_leaks_no_hold(
     reader.expect("released")
     lock.close()
     assert not leaked, "begin_session left the update hold behind"
+
+
+def test_an_asyncio_session_parked_behind_a_reader_begins_times_out_or_is_cancelled_cleanly(
+        lock_name, children):
+    cmd = FORK.Queue()
+    reader = children(hold_until_told, lock_name, cmd, "read")
+    reader.expect("reading")
+    alock = pyshmlock.AsyncRWLock(lock_name)
+
+    async def main():
+        with pytest.raises(TimeoutError):
+            await alock.begin_session(ttl=30, timeout=0.2)
+        task = asyncio.create_task(alock.begin_session(ttl=30))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert alock.info().updater_pid is None
+        assert alock._lock.acquire_read(0)  # no claim left to shut readers out
+        alock.release_read()
+        task = asyncio.create_task(alock.begin_session(ttl=30, timeout=10))
+        await asyncio.sleep(0.2)
+        cmd.put("go")                       # the reader leaves: the update is had
+        token = await task
+        assert isinstance(token, int) and not isinstance(token, bool) and token != 0
+        return token
+
+    token = asyncio.run(main())
+    reader.expect("released")
+    info = alock.info()
+    assert info.updater_pid is None and info.session is not None and info.paused
+    alock.end_session(token)
+    assert alock._lock.resume(5)
+    alock.close()

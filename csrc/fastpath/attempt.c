@@ -204,3 +204,35 @@ int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
             return -1;          /* e.g. KeyboardInterrupt; nothing is left behind */
     }
 }
+
+/*
+ * The last step of begin_session, for a caller the update hold was just
+ * granted to: pin the pause for a new session, then release the hold.  It
+ * runs in C straight after the grant (attempt_block's, or an asyncio
+ * attempt's), so no Python code - a signal handler that raises, such as
+ * Ctrl-C's - can run while the hold is held and nobody has seen it.  The
+ * session's token (an int), None if another session pinned first (wait
+ * until unpinned, then try again), or NULL with the exception set.
+ */
+PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns)
+{
+    uint64_t token = 0;
+    int r = core.session_pin(h, ttl_ns, &token);
+    int err = errno;
+    int rel = release(h, SHL_KIND_UPDATE);
+    int rel_err = errno;
+    const char *what = "begin_session";
+    if (rel != 0 && (r == SHL_OK || r == SHL_AGAIN)) {
+        r = rel;                /* as the release after the pin would raise */
+        err = rel_err;
+        what = KIND[SHL_KIND_UPDATE].release;
+    }
+    if (r == SHL_OK)
+        return PyLong_FromUnsignedLongLong((unsigned long long)token);
+    if (r == SHL_AGAIN)
+        Py_RETURN_NONE;
+    PyObject *name = lock_name(lock);
+    raise_rc(r, what, name, err);
+    Py_XDECREF(name);
+    return NULL;
+}

@@ -4,6 +4,12 @@
  * pyshmlock/_park.py when it must wait and withdraws when cancelled, closed
  * or collected; and _fast.Done, an awaitable completed already (what a
  * granted `async with` returns).
+ *
+ * Longer than the size guide because one object owns one attempt's whole
+ * asyncio life (its coroutine protocol, its park and wake-up, a second
+ * awaiter refused, withdrawal on throw/close/collection, a grant given back
+ * when its result cannot be made, begin_session's pin straight after its
+ * grant); split, each piece would reach into the others' state.
  */
 #include "fastpath.h"
 
@@ -207,6 +213,8 @@ typedef struct {
     const char *what;           /* the call, for messages */
     int state;
     int sent;                   /* awaited (sent) at least once */
+    int session;                /* begin_session's update: granted, pin and release */
+    int64_t session_ttl;        /* ... the session's ttl_ns */
 } AttemptObject;
 
 /* A hold granted whose result cannot be handed over (no memory for it):
@@ -261,6 +269,19 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
     return (PyObject *)o;
 }
 
+/* begin_session's update attempt: granted, it pins the pause and releases
+ * the hold at once (session_pin_held); its result is the token, None
+ * (another session pinned first) or False (timed out). */
+PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns)
+{
+    PyObject *o = attempt_new(lock, NULL, SHL_KIND_UPDATE, 0, deadline, 0, "begin_session");
+    if (o != NULL) {
+        ((AttemptObject *)o)->session = 1;
+        ((AttemptObject *)o)->session_ttl = ttl_ns;
+    }
+    return o;
+}
+
 /* Forget the parking record (its timer, its watcher registration), with any
  * exception in flight kept; a failure of the hook itself is unraisable. */
 static void forget_parked(AttemptObject *o)
@@ -296,6 +317,10 @@ static int attempt_finish(AttemptObject *o, int r, PyObject **out)
     o->state = A_DONE;
     forget_parked(o);
     if (r == SHL_OK) {
+        if (o->session) {       /* no Python code between the grant and the pin */
+            *out = session_pin_held(o->lock, o->a.h, o->session_ttl);
+            return *out != NULL ? 0 : -1;
+        }
         *out = o->hold ? o->hold : Py_True;
         Py_INCREF(*out);
         return 0;
@@ -418,7 +443,8 @@ static int attempt_am_send(PyObject *self, PyObject *arg, PyObject **out)
  * cannot be made (MemoryError) is given back. */
 static PyObject *attempt_return(AttemptObject *o, PyObject *out, int always)
 {
-    int granted = out != Py_False;      /* a hold's result: the hold or True */
+    /* A hold's result: the hold or True (a session's hold is released already). */
+    int granted = out != Py_False && !o->session;
     stop_with(out, always);
     if (granted && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration))
         give_back_grant(o->a.h, o->a.w.kind);

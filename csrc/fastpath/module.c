@@ -55,6 +55,7 @@ static PyObject *mod_setup(PyObject *mod, PyObject *args)
     ENTRY(release_write, "shl_release_write")
     ENTRY(release_update, "shl_release_update")
     ENTRY(is_paused, "shl_is_paused")
+    ENTRY(session_pin, "shl_session_pin")
 #undef ENTRY
     /* Again (a reloaded module): the new callable replaces the old. */
     Py_INCREF(error);
