@@ -20,7 +20,8 @@ __all__ = ["CALL_NAMES", "KINDS", "AsyncLock", "Attempt", "Done", "Hold", "Lock"
 
 # Every entry point the fast module calls.
 ENTRY_POINTS = ("shl_try", "shl_wait", "shl_cancel", "shl_release_read",
-                "shl_release_write", "shl_release_update", "shl_is_paused")
+                "shl_release_write", "shl_release_update", "shl_is_paused",
+                "shl_session_pin")
 
 Lock = _fast.Lock
 AsyncLock = _fast.AsyncLock

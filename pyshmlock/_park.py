@@ -529,9 +529,34 @@ def _wake_for_closing(key: Tuple[int, int]) -> None:
     helper = _helpers.get(key)
     if helper is None:
         return
+    # Called at once from a signal handler when its thread runs no loop: that
+    # thread may be inside `with helper.mu` itself (the close hook, a
+    # helper's close), so never wait for mu here.  Held: another thread does
+    # the wake-up, waiting for mu as long as it takes.
+    if not helper.mu.acquire(blocking=False):
+        threading.Thread(target=_wake_for_closing_waiting, args=(helper,),
+                         name="pyshmlock-notify-closing", daemon=True).start()
+        return
+    try:
+        parked = _parked_futures(helper)
+    finally:
+        helper.mu.release()
+    _hand_wake_ups(parked)
+
+
+def _wake_for_closing_waiting(helper: "_Helper") -> None:
     with helper.mu:
-        loops = helper.live_loops()
-        parked = [(loop, _futures(lw)) for loop, lw in loops]
+        parked = _parked_futures(helper)
+    _hand_wake_ups(parked)
+
+
+def _parked_futures(helper: "_Helper") -> List[Tuple[asyncio.AbstractEventLoop,
+                                                     List[_ParkFuture]]]:
+    # Caller holds helper.mu.
+    return [(loop, _futures(lw)) for loop, lw in helper.live_loops()]
+
+
+def _hand_wake_ups(parked: List[Tuple[asyncio.AbstractEventLoop, List[_ParkFuture]]]) -> None:
     for loop, futures in parked:
         if futures:
             try:

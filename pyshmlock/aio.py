@@ -39,7 +39,6 @@ from .lock import (
     _reopen,
     _token,
     no_plain_with,
-    session_pin,
     session_timeout,
     session_ttl_ns,
 )
@@ -191,12 +190,15 @@ class AsyncRWLock(_fastpath.AsyncLock):
         ttl_ns = session_ttl_ns(ttl)
         deadline = deadline_ns(timeout)
         while True:
-            if not await self._attempt(lib.SHL_KIND_UNPINNED, deadline) or \
-                    not await self._attempt(lib.SHL_KIND_UPDATE, deadline):
+            # The update and, once granted, the pin and the release in C (see
+            # RWLock.begin_session).
+            if not await self._attempt(lib.SHL_KIND_UNPINNED, deadline):
                 raise session_timeout(self.name, timeout)
-            token = session_pin(self._lock, ttl_ns)
+            token = await self._begin_session_attempt(deadline, ttl_ns)
+            if token is False:
+                raise session_timeout(self.name, timeout)
             if token is not None:
-                return token
+                return int(token)
 
     def end_session(self, token: int) -> None:
         """End the update session ``token`` (see RWLock.end_session)."""

@@ -76,23 +76,6 @@ def session_ttl_ns(ttl: Any) -> int:
     return max(1, int(ttl * 1e9))
 
 
-def session_pin(lock: Any, ttl_ns: int) -> Optional[int]:
-    """The last step of begin_session, for a caller that holds the update
-    hold (blocking or asyncio): pin the pause for a new session, release
-    the hold.  Its token, or None if another session pinned first (wait
-    until unpinned, then try again)."""
-    token = ffi.new("uint64_t *")
-    try:
-        rc = lib.shl_session_pin(lock._h, ttl_ns, token)
-    finally:
-        lock.release_update()
-    if rc == _OK:
-        return int(token[0])
-    if rc != lib.SHL_AGAIN:
-        raise error_for(rc, "begin_session", lock.name)
-    return None
-
-
 def session_timeout(name: str, timeout: Any) -> TimeoutError:
     return TimeoutError(f"lock {name!r}: update session not begun within {timeout} s")
 
@@ -373,12 +356,15 @@ class RWLock(_fastpath.Lock):
         ttl_ns = session_ttl_ns(ttl)
         deadline = deadline_ns(timeout)
         while True:
-            if not self._attempt_block(lib.SHL_KIND_UNPINNED, deadline) or \
-                    not self._attempt_block(lib.SHL_KIND_UPDATE, deadline):
+            # The update and, at once in C, the pin and the release: no Python
+            # code (a signal handler that raises) runs while the update is held.
+            if not self._attempt_block(lib.SHL_KIND_UNPINNED, deadline):
                 raise session_timeout(self.name, timeout)
-            token = session_pin(self, ttl_ns)
+            token = self._begin_session_block(deadline, ttl_ns)
+            if token is False:
+                raise session_timeout(self.name, timeout)
             if token is not None:
-                return token
+                return int(token)
 
     def end_session(self, token: int) -> None:
         """End the update session ``token`` (any process may).  The gate stays

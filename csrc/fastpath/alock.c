@@ -123,6 +123,26 @@ static PyObject *alock_attempt(PyObject *self, PyObject *const *args, Py_ssize_t
                        KIND[kind].call);
 }
 
+/* _begin_session_attempt(deadline, ttl_ns): begin_session's update as an
+ * awaitable that, granted, pins and releases at once (attempt_new_session):
+ * its result is the token, None (pinned first) or False (timed out). */
+static PyObject *alock_begin_session_attempt(PyObject *self, PyObject *const *args,
+                                             Py_ssize_t nargs)
+{
+    PyObject *lock = bound_lock(self);
+    if (lock == NULL)
+        return NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_begin_session_attempt(deadline, ttl_ns)");
+        return NULL;
+    }
+    long long deadline = PyLong_AsLongLong(args[0]);
+    long long ttl_ns = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    return attempt_new_session(lock, (int64_t)deadline, (int64_t)ttl_ns);
+}
+
 /* _bind(lock): the RWLock this object works on. */
 static PyObject *alock_bind(PyObject *self, PyObject *lock)
 {
@@ -179,6 +199,8 @@ static PyMethodDef alock_methods[] = {
      "Give back this process's update hold (RuntimeError if none)."},
     {"_attempt", FASTCALL(alock_attempt), METH_FASTCALL,
      "_attempt(kind, deadline, flags=0, now=False) -> awaitable of bool."},
+    {"_begin_session_attempt", FASTCALL(alock_begin_session_attempt), METH_FASTCALL,
+     "_begin_session_attempt(deadline, ttl_ns) -> awaitable of token, None or False."},
     {"_bind", alock_bind, METH_O, "_bind(lock): the RWLock this object works on."},
     {NULL, NULL, 0, NULL},
 };

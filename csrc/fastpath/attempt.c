@@ -29,9 +29,43 @@
 #include "fastpath.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* ============================================================ the attempt */
+
+/*
+ * fork().  An awaitable attempt outlives a fork in the child's copy of its
+ * object, its waiter still naming registrations (an owed reader, the
+ * exclusive claim) that were made in the parent's slot.  The core refuses
+ * to withdraw them only until the child takes a slot of its own; after
+ * that, shl_cancel would count the parent's owed reader off the child's
+ * slot (wrapping it: every writer then waits for a reader that never comes)
+ * and shl_try would take the parent's claim for the child's (a corrupt
+ * segment).  So each attempt notes the fork generation its waiter was begun
+ * in, and in a later one forgets the waiter instead: the registrations stay
+ * the parent's, to withdraw or use.  The counter is bumped in the child's
+ * fork handler, when it has one thread; relaxed suffices (every later read
+ * is by a thread the child starts after it).
+ */
+static _Atomic uint64_t g_attempt_fork_gen;
+
+static void attempt_after_fork_in_child(void)
+{
+    atomic_fetch_add_explicit(&g_attempt_fork_gen, 1, memory_order_relaxed);
+}
+
+int attempt_fork_ready(void)
+{
+    return pthread_atfork(NULL, NULL, attempt_after_fork_in_child) == 0 ? 0 : -1;
+}
+
+/* Was the attempt's waiter begun before a fork() this process came out of? */
+static int begun_before_fork(const attempt_t *a)
+{
+    return a->fork_gen != atomic_load_explicit(&g_attempt_fork_gen, memory_order_relaxed);
+}
 
 void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
                   int shared)
@@ -42,14 +76,17 @@ void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t d
     a->w.kind = kind;
     a->w.flags = flags;
     a->w.shared_thread = shared;
+    a->fork_gen = atomic_load_explicit(&g_attempt_fork_gen, memory_order_relaxed);
 }
 
-/* Withdraw the attempt's registrations, if it may hold any. */
+/* Withdraw the attempt's registrations, if it may hold any (those made
+ * before a fork are the parent's: forgotten, see above). */
 void attempt_cancel(attempt_t *a)
 {
     if (a->pending) {
         a->pending = 0;
-        core.cancel(a->h, &a->w);
+        if (!begun_before_fork(a))
+            core.cancel(a->h, &a->w);
     }
 }
 
@@ -58,6 +95,9 @@ void attempt_cancel(attempt_t *a)
  * Anything but SHL_OK and SHL_AGAIN leaves nothing behind.  GIL-free. */
 int attempt_try(attempt_t *a)
 {
+    /* Registrations of the parent's (see above): start afresh as the child's. */
+    if (a->pending && begun_before_fork(a))
+        attempt_init(a, a->h, a->w.kind, a->w.flags, a->deadline, a->w.shared_thread);
     for (;;) {
         int r = core.try_(a->h, &a->w);
         if (r == SHL_AGAIN) {
@@ -163,4 +203,36 @@ int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
         if (PyErr_CheckSignals() < 0)
             return -1;          /* e.g. KeyboardInterrupt; nothing is left behind */
     }
+}
+
+/*
+ * The last step of begin_session, for a caller the update hold was just
+ * granted to: pin the pause for a new session, then release the hold.  It
+ * runs in C straight after the grant (attempt_block's, or an asyncio
+ * attempt's), so no Python code - a signal handler that raises, such as
+ * Ctrl-C's - can run while the hold is held and nobody has seen it.  The
+ * session's token (an int), None if another session pinned first (wait
+ * until unpinned, then try again), or NULL with the exception set.
+ */
+PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns)
+{
+    uint64_t token = 0;
+    int r = core.session_pin(h, ttl_ns, &token);
+    int err = errno;
+    int rel = release(h, SHL_KIND_UPDATE);
+    int rel_err = errno;
+    const char *what = "begin_session";
+    if (rel != 0 && (r == SHL_OK || r == SHL_AGAIN)) {
+        r = rel;                /* as the release after the pin would raise */
+        err = rel_err;
+        what = KIND[SHL_KIND_UPDATE].release;
+    }
+    if (r == SHL_OK)
+        return PyLong_FromUnsignedLongLong((unsigned long long)token);
+    if (r == SHL_AGAIN)
+        Py_RETURN_NONE;
+    PyObject *name = lock_name(lock);
+    raise_rc(r, what, name, err);
+    Py_XDECREF(name);
+    return NULL;
 }

@@ -4,6 +4,12 @@
  * pyshmlock/_park.py when it must wait and withdraws when cancelled, closed
  * or collected; and _fast.Done, an awaitable completed already (what a
  * granted `async with` returns).
+ *
+ * Longer than the size guide because one object owns one attempt's whole
+ * asyncio life (its coroutine protocol, its park and wake-up, a second
+ * awaiter refused, withdrawal on throw/close/collection, a grant given back
+ * when its result cannot be made, begin_session's pin straight after its
+ * grant); split, each piece would reach into the others' state.
  */
 #include "fastpath.h"
 
@@ -207,7 +213,18 @@ typedef struct {
     const char *what;           /* the call, for messages */
     int state;
     int sent;                   /* awaited (sent) at least once */
+    int session;                /* begin_session's update: granted, pin and release */
+    int64_t session_ttl;        /* ... the session's ttl_ns */
 } AttemptObject;
+
+/* A hold granted whose result cannot be handed over (no memory for it):
+ * give it back, so that the MemoryError leaves nothing held.  The waits
+ * (resume, wait_resumed, ...) hold nothing. */
+static void give_back_grant(shl_lock *h, int kind)
+{
+    if (kind >= SHL_KIND_READ && kind <= SHL_KIND_UPDATE)
+        (void)release(h, kind);
+}
 
 PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
                       int64_t deadline, int now, const char *what)
@@ -220,10 +237,14 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
     if (now) {
         int r = attempt_try(&a);
         if (r == SHL_OK) {
-            if (hold != NULL)
-                return hold_done(hold);
-            Py_INCREF(g_done_true);
-            return g_done_true;
+            if (hold == NULL) {
+                Py_INCREF(g_done_true);
+                return g_done_true;
+            }
+            PyObject *done = hold_done(hold);
+            if (done == NULL)
+                give_back_grant(a.h, kind);
+            return done;
         }
         if (r != SHL_AGAIN) {
             PyObject *name = lock_name(lock);
@@ -246,6 +267,19 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
     o->what = what;
     o->state = state;
     return (PyObject *)o;
+}
+
+/* begin_session's update attempt: granted, it pins the pause and releases
+ * the hold at once (session_pin_held); its result is the token, None
+ * (another session pinned first) or False (timed out). */
+PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns)
+{
+    PyObject *o = attempt_new(lock, NULL, SHL_KIND_UPDATE, 0, deadline, 0, "begin_session");
+    if (o != NULL) {
+        ((AttemptObject *)o)->session = 1;
+        ((AttemptObject *)o)->session_ttl = ttl_ns;
+    }
+    return o;
 }
 
 /* Forget the parking record (its timer, its watcher registration), with any
@@ -283,6 +317,10 @@ static int attempt_finish(AttemptObject *o, int r, PyObject **out)
     o->state = A_DONE;
     forget_parked(o);
     if (r == SHL_OK) {
+        if (o->session) {       /* no Python code between the grant and the pin */
+            *out = session_pin_held(o->lock, o->a.h, o->session_ttl);
+            return *out != NULL ? 0 : -1;
+        }
         *out = o->hold ? o->hold : Py_True;
         Py_INCREF(*out);
         return 0;
@@ -304,6 +342,28 @@ static int attempt_finish(AttemptObject *o, int r, PyObject **out)
     return -1;
 }
 
+/* Is the future a parked attempt yielded still pending (nobody woke it)?
+ * 1 yes, 0 no (woken, cancelled, or none), -1 exception set. */
+static int parked_future_pending(AttemptObject *o)
+{
+    if (o->parked == NULL)
+        return 0;
+    PyObject *fut = PyObject_GetAttrString(o->parked, "future");
+    if (fut == NULL)
+        return -1;
+    if (fut == Py_None) {
+        Py_DECREF(fut);
+        return 0;
+    }
+    PyObject *done = PyObject_CallMethod(fut, "done", NULL);
+    Py_DECREF(fut);
+    if (done == NULL)
+        return -1;
+    int pending = !PyObject_IsTrue(done);
+    Py_DECREF(done);
+    return pending;
+}
+
 /* One send: 1 yielded (*out: the future to wait on), 0 finished (*out: the
  * result), -1 exception set. */
 static int attempt_step(AttemptObject *o, PyObject **out)
@@ -314,10 +374,27 @@ static int attempt_step(AttemptObject *o, PyObject **out)
     case A_DONE:
         PyErr_SetString(PyExc_RuntimeError, "cannot reuse an already awaited attempt");
         return -1;
+    case A_PARKED: {
+        /* A send before the future it yielded completed is a second awaiter
+         * (another task, another loop): refuse it, as a coroutine awaited
+         * twice is, and leave the attempt to its first awaiter.  Trying (and
+         * parking again) here would replace the future the first awaiter
+         * waits on, and nobody would ever wake it.  Only the woken path pays
+         * for the check. */
+        int pending = parked_future_pending(o);
+        if (pending < 0)
+            return -1;
+        if (pending) {
+            PyErr_SetString(PyExc_RuntimeError, "attempt is being awaited already");
+            return -1;
+        }
+        r = attempt_try(&o->a);
+        break;
+    }
     case A_TRIED:
         r = SHL_AGAIN;
         break;
-    default:                     /* A_FRESH, or A_PARKED and woken: try (again) */
+    default:                     /* A_FRESH: try */
         r = attempt_try(&o->a);
         break;
     }
@@ -362,13 +439,25 @@ static int attempt_am_send(PyObject *self, PyObject *arg, PyObject **out)
     return r ? FP_SEND_NEXT : FP_SEND_RETURN;
 }
 
+/* The result out as StopIteration(out); a hold granted whose StopIteration
+ * cannot be made (MemoryError) is given back. */
+static PyObject *attempt_return(AttemptObject *o, PyObject *out, int always)
+{
+    /* A hold's result: the hold or True (a session's hold is released already). */
+    int granted = out != Py_False && !o->session;
+    stop_with(out, always);
+    if (granted && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration))
+        give_back_grant(o->a.h, o->a.w.kind);
+    return NULL;
+}
+
 static PyObject *attempt_next(PyObject *self)
 {
     PyObject *out;
     int r = attempt_step((AttemptObject *)self, &out);
     if (r < 0)
         return NULL;
-    return r ? out : stop_with(out, 0);
+    return r ? out : attempt_return((AttemptObject *)self, out, 0);
 }
 
 static PyObject *attempt_send(PyObject *self, PyObject *arg)
@@ -378,7 +467,7 @@ static PyObject *attempt_send(PyObject *self, PyObject *arg)
     int r = attempt_step((AttemptObject *)self, &out);
     if (r < 0)
         return NULL;
-    return r ? out : stop_with(out, 1);
+    return r ? out : attempt_return((AttemptObject *)self, out, 1);
 }
 
 /* Cancellation (Task.cancel, a timeout around it) arrives here: withdraw,

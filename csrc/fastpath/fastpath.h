@@ -113,6 +113,7 @@ typedef struct {
     int64_t deadline;           /* -1 forever, 0 try once, else CLOCK_MONOTONIC ns */
     int pending;                /* registrations may be held: shl_cancel owed */
     int err;                    /* errno of the failure, for SHL_ESYS */
+    uint64_t fork_gen;          /* g_attempt_fork_gen when the waiter was begun */
 } attempt_t;
 
 #pragma GCC visibility push(hidden)
@@ -126,6 +127,7 @@ struct core_table {
     int (*release_write)(shl_lock *);
     int (*release_update)(shl_lock *);
     int (*is_paused)(shl_lock *);
+    int (*session_pin)(shl_lock *, int64_t, uint64_t *);
 };
 extern struct core_table core;
 extern int g_ready;                   /* setup() done */
@@ -154,6 +156,9 @@ PyObject *kind_table(void);
 void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
                   int shared);
 int attempt_try(attempt_t *a);
+int attempt_fork_ready(void);
+PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns);
+PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns);
 int attempt_past(const attempt_t *a);
 void attempt_cancel(attempt_t *a);
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,

@@ -39,6 +39,29 @@ static PyObject *lock_wait_drained(PyObject *self, PyObject *const *args, Py_ssi
     return lock_wait_kind(self, SHL_KIND_DRAINED, args, nargs, kwnames);
 }
 
+/* _begin_session_block(deadline, ttl_ns): the update hold of begin_session,
+ * then at once (in C: no Python code in between) the pin and the release
+ * (session_pin_held): the token, None if another session pinned first, or
+ * False if the update was not had by the deadline. */
+static PyObject *lock_begin_session_block(PyObject *self, PyObject *const *args,
+                                          Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_begin_session_block(deadline, ttl_ns)");
+        return NULL;
+    }
+    long long deadline = PyLong_AsLongLong(args[0]);
+    long long ttl_ns = PyLong_AsLongLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    int r = attempt_block(self, SHL_KIND_UPDATE, 0, (int64_t)deadline, "begin_session");
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        Py_RETURN_FALSE;
+    return session_pin_held(self, ((LockObject *)self)->h, (int64_t)ttl_ns);
+}
+
 /* _attempt_block(kind, deadline, flags=0) -> bool: the blocking attempt of
  * any kind, until an absolute deadline (from deadline_ns), for the calls
  * Python composes (resume, begin_session). */
@@ -172,6 +195,8 @@ static PyMethodDef lock_methods[] = {
     {"wait_drained", FASTCALL_KW(lock_wait_drained), METH_FASTCALL | METH_KEYWORDS,
      "wait_drained(timeout=None) -> bool\n\nWait until no read hold exists in any process; "
      "False on timeout."},
+    {"_begin_session_block", FASTCALL(lock_begin_session_block), METH_FASTCALL,
+     "_begin_session_block(deadline, ttl_ns) -> token, None (pinned first) or False."},
     {"_attempt_block", FASTCALL(lock_attempt_block), METH_FASTCALL,
      "_attempt_block(kind, deadline, flags=0) -> bool: a blocking attempt of any kind."},
     {"_fast_bind", lock_bind, METH_O,

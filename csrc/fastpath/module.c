@@ -55,6 +55,7 @@ static PyObject *mod_setup(PyObject *mod, PyObject *args)
     ENTRY(release_write, "shl_release_write")
     ENTRY(release_update, "shl_release_update")
     ENTRY(is_paused, "shl_is_paused")
+    ENTRY(session_pin, "shl_session_pin")
 #undef ENTRY
     /* Again (a reloaded module): the new callable replaces the old. */
     Py_INCREF(error);
@@ -145,6 +146,10 @@ PyMODINIT_FUNC PyInit__fast(void)
         goto fail;
     if (hold_install_kept() < 0 || awaitables_ready(have_am_send()) < 0)
         goto fail;
+    if (attempt_fork_ready() < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "pyshmlock._fast: pthread_atfork failed");
+        goto fail;
+    }
     PyObject *kinds = kind_table();
     if (kinds == NULL || PyModule_AddObject(m, "KINDS", kinds) < 0) {
         Py_XDECREF(kinds);
