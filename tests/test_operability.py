@@ -109,6 +109,35 @@ def test_bad_stale_policy(lock_name):
         pyshmlock.AsyncRWLock(lock_name, stale=None)
 
 
+
+def _pause_and_exit(q, name):
+    lk = pyshmlock.RWLock(name, stale="keep")
+    lk.pause()
+    q.put(os.getpid())
+
+
+def test_stale_reset_keeps_a_pause_pinned_by_this_process_update(lock_name, children):
+    # Invariant 4 (docs/DESIGN.md): an update claim pins the pause.  The stale
+    # reset probes every slot but its own, so an update of this very process
+    # (another thread's, or this thread's) must stop it too.
+    from pyshmlock._shmlock import lib
+    lock = pyshmlock.RWLock(lock_name)
+    c = children(_pause_and_exit, lock_name)
+    pauser = c.get()
+    assert c.join() == 0
+    assert lock.paused
+    assert lock.acquire_update(timeout=5)     # granted at once: the pause froze readers
+    try:
+        rc = lib.shl_reset_stale(lock._h, pauser)
+        assert rc == 0, "the reset cleared a pause that this process's update pins"
+        assert lock.paused
+    finally:
+        lock.release_update()
+    assert lib.shl_reset_stale(lock._h, pauser) == 1   # now it is stale: cleared
+    assert not lock.paused
+    lock.close()
+
+
 # ------------------------------------------------------------ observation
 
 def test_inspect_attaches_nothing(lock, lock_name):
