@@ -289,8 +289,9 @@ def test_late_parked_drain_waiter_is_watched_at_once(lock_name):
 
     try:
         early, late = asyncio.run(main())
-        # The old helper noticed the late waiter only when its sleep slice
-        # ended: 80-200 ms here.  Watched at once, it wakes like the early one.
+        # Noticed only when the helper's sleep slice ends, the late waiter
+        # would wake 80-200 ms late here.  Watched at once, it wakes like
+        # the early one.
         assert late < max(10 * early, 0.03), (early, late)
     finally:
         alock.close()

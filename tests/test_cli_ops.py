@@ -1,4 +1,4 @@
-"""Issue 13, items 2 and 5: the `pyshmlock` command as an operator uses it.
+"""The `pyshmlock` command as an operator uses it.
 Real subprocesses against real locks; nothing mocked."""
 import io
 import os

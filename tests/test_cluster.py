@@ -1,4 +1,4 @@
-"""The cluster gate on a real 3-member etcd on loopback (issue 17).
+"""The cluster gate on a real 3-member etcd on loopback.
 
 One etcd cluster serves the whole module (each test uses its own cluster
 name, so their keys never meet); a test that kills the Raft leader restarts

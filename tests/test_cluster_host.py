@@ -1,4 +1,4 @@
-"""Issue 23, the host side (items 2, 4, 7) on a real 3-member etcd: fencing
+"""The cluster gate's host side on a real 3-member etcd: fencing
 at the resource, fail-closed hosts whatever starts first, and a local resume
 of a cluster-managed lock."""
 import json
@@ -79,7 +79,7 @@ PUSHER = textwrap.dedent("""
 
 
 def test_a_stale_updater_is_refused_at_every_host(fleet, tmp_path, etcd):
-    """Item 2: an updater stopped inside `with fleet.update()` past its
+    """An updater stopped inside `with fleet.update()` past its
     lease loses the lock; another controller resumes; the stale updater
     wakes and keeps pushing chunks through lock.fenced_update(token): every
     one is refused at every host (none lands while the hosts serve)."""
@@ -128,7 +128,7 @@ def _write_setting(d, lock, cluster, content=None):
 
 @pytest.mark.parametrize("setting", ["written", "unreadable"])
 def test_a_fresh_host_admits_nothing_before_its_agent(fleet, tmp_path, setting):
-    """Item 4: a host of a paused cluster restarted with an empty /dev/shm,
+    """A host of a paused cluster restarted with an empty /dev/shm,
     its servers started before its agent (they create the segment, with
     the default stale="reset"): nothing is admitted until the agent mirrors
     the cluster, also when the host setting exists but cannot be read."""
@@ -155,7 +155,7 @@ def test_a_fresh_host_admits_nothing_before_its_agent(fleet, tmp_path, setting):
 
 
 def test_a_local_resume_of_a_managed_host_is_refused(fleet):
-    """Item 7: `pyshmlock resume` on a host whose agent manages the lock
+    """`pyshmlock resume` on a host whose agent manages the lock
     refuses, naming the cluster; --force opens it, and the agent closes it
     again at its next pass."""
     c, hs = fleet(1, workers=1)

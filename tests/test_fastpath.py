@@ -1,4 +1,4 @@
-"""The C fast path (csrc/fastpath/, issue 14) keeps the exact behaviour of
+"""The C fast path (csrc/fastpath/) keeps the exact behaviour of
 the Python methods it replaced: results, timeouts, errors and their messages,
 closed locks, signals during a wait; and it runs no Python frame and does not
 release the GIL when the call does not wait.  Nothing here measures speed."""
@@ -473,7 +473,7 @@ def test_writer_pid_is_the_holders_own_after_fork(lock, children):
     lock.release_update()
 
 
-# ------------------------------------- Ctrl-C in every blocking wait (issue 24)
+# ---------------------------------------------- Ctrl-C in every blocking wait
 
 def _sigint_from_another_thread(delay):
     """SIGINT sent to the process while the main thread blocks it: another
@@ -494,8 +494,8 @@ def _sigint_from_another_thread(delay):
                                   "acquire_read"])
 def test_ctrl_c_taken_by_another_thread_ends_every_wait(lock, lock_name, children, call):
     """resume(), wait_resumed() and wait_drained() are interruptible by
-    Ctrl-C like the hold calls (they went through cffi before issue 24 and
-    waited on to their deadline)."""
+    Ctrl-C like the hold calls: a wait that went through cffi would not
+    notice it and would wait on to its deadline."""
     import multiprocessing as mp
     cmd = mp.get_context("fork").Queue()
     if call == "resume":                 # an update pins the pause

@@ -1,4 +1,5 @@
-"""Issue 13, items 1 and 2: a stale segment after every process died, and
+"""A stale segment after every process died (reset on the next open, or
+kept by policy; never while a live process pins the pause), and
 observation that attaches nothing.  Real processes, real segments."""
 import os
 import subprocess

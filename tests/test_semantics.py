@@ -1,4 +1,4 @@
-"""The cross-process semantics of the core issue, one numbered rule at a time.
+"""The cross-process semantics of the lock, one numbered rule at a time.
 Every case has its other side in another process."""
 import os
 import signal
@@ -557,7 +557,7 @@ def test_fork_in_a_loop_while_other_threads_open_and_use_locks(lock):
 
 
 def test_a_slow_open_does_not_hold_up_opens_of_other_names(lock_name):
-    # Issue 15: an open of a segment whose creator has not finished waits
+    # An open of a segment whose creator has not finished waits
     # (up to 2 s) for it inside the C core; that wait must not hold the
     # process-wide registry lock, or every open of every name would queue
     # behind it.
