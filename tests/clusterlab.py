@@ -11,20 +11,40 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import unique_name
+from helpers import remove_lock
 
-import pyshmlock
+from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
 
 
 def now():
     return time.monotonic()
 
 
-def wait_for(pred, timeout, what):
-    t = now()
-    while not pred():
-        assert now() - t < timeout, f"timed out: {what}"
-        time.sleep(0.02)
+def require_etcd():
+    """At a test module's top: skip the module when etcd is not installed,
+    or fail it under PYSHMLOCK_REQUIRE_ETCD=1 (CI), where the cluster tests
+    must run."""
+    if etcd_binary() is None:
+        if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":
+            raise RuntimeError("PYSHMLOCK_REQUIRE_ETCD=1 but etcd is not installed "
+                               "(Debian: apt-get install etcd-server)")
+        pytest.skip("etcd is not installed (Debian: apt-get install etcd-server); "
+                    "the cluster tests need a real etcd", allow_module_level=True)
+
+
+def three_member_etcd():
+    """The body of a module's ``etcd`` fixture (``etcd =
+    pytest.fixture(scope="module", name="etcd")(three_member_etcd)``): one
+    real 3-member etcd on loopback for the whole module, stopped at its end
+    with its data directory removed."""
+    e = LocalEtcd(members=3)
+    try:
+        yield e
+    finally:
+        e.stop()
+        assert not os.path.exists(e.dir)
 
 
 class Host:
@@ -144,10 +164,7 @@ class Host:
                 print("DID NOT EXIT:", p.args, file=sys.stderr)
                 p.kill()
                 p.wait(5)
-        try:
-            pyshmlock.unlink(self.lock_name, force=True)
-        except FileNotFoundError:
-            pass
+        remove_lock(self.lock_name)
 
 
 def stop_hosts(hosts):

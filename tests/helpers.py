@@ -1,8 +1,11 @@
 """Small helpers that several test modules share: a bounded wait for a
-condition, a bounded wait for a forked child, and removing a lock that may
-already be gone.  Every wait has a deadline; none can hang a test."""
+condition, a bounded wait for a forked child, removing a lock that may
+already be gone, and a fresh interpreter run with a timeout (optionally as
+another user).  Every wait has a deadline; none can hang a test."""
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pyshmlock
@@ -38,3 +41,20 @@ def remove_lock(name):
         pyshmlock.unlink(name, force=True)
     except FileNotFoundError:
         pass
+
+
+# The package under test, for children of another user (whose environment
+# would not find a package installed in root's virtual environment).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(pyshmlock.__file__))
+
+
+def run_python(*args, timeout, user=None, **kw):
+    """``python *args`` in a fresh interpreter (a process that never opened
+    the lock), started in / with the package under test on PYTHONPATH; as
+    uid and gid ``user`` with no groups (setpriv) when given.  Output is
+    captured as text; the run is bounded by ``timeout`` seconds."""
+    cmd = [sys.executable, *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/",
+                          env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT), **kw)

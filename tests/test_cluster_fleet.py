@@ -15,14 +15,12 @@ import time
 import uuid
 
 import pytest
-from clusterlab import Host, now, stop_hosts, wait_for
+from clusterlab import Host, now, require_etcd, stop_hosts, three_member_etcd
+from helpers import wait_for
 
-from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
+from pyshmlock.cluster.localetcd import LocalEtcd
 
-if etcd_binary() is None:
-    if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":
-        raise RuntimeError("PYSHMLOCK_REQUIRE_ETCD=1 but etcd is not installed")
-    pytest.skip("etcd is not installed", allow_module_level=True)
+require_etcd()
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -30,13 +28,7 @@ TTL = 2
 SLACK = 0.35          # documented slack of a call's timeout (docs/DESIGN.md §11)
 
 
-@pytest.fixture(scope="module")
-def etcd():
-    e = LocalEtcd(members=3)
-    try:
-        yield e
-    finally:
-        e.stop()
+etcd = pytest.fixture(scope="module", name="etcd")(three_member_etcd)
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import uuid
 
 import netlab
 import pytest
-from clusterlab import Host, now, stop_hosts, wait_for
+from clusterlab import Host, now, stop_hosts
+from helpers import wait_for
 
 from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary, in_netns
 

@@ -2,12 +2,11 @@
 kept by policy; never while a live process pins the pause), and
 observation that attaches nothing.  Real processes, real segments."""
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 from conftest import unique_name
+from helpers import remove_lock, run_python
 
 import pyshmlock
 
@@ -16,13 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _py(code, *args, timeout=20, user=None):
     """Run code in a fresh interpreter (a process that never opened the lock)."""
-    cmd = [sys.executable, "-c", code, *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/",
-                       env=dict(os.environ, PYTHONPATH=os.path.dirname(
-                           os.path.dirname(pyshmlock.__file__))))
-    return p
+    return run_python("-c", code, *args, timeout=timeout, user=user)
 
 
 PAUSE_AND_EXIT = """
@@ -45,10 +38,7 @@ os.kill(os.getpid(), 9)
 def stale_name():
     name = unique_name("stale")
     yield name
-    try:
-        pyshmlock.unlink(name, force=True)
-    except FileNotFoundError:
-        pass
+    remove_lock(name)
 
 
 @pytest.mark.parametrize("script", [PAUSE_AND_EXIT, PAUSE_AND_CRASH], ids=["exit", "kill"])
