@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 from conftest import unique_name
@@ -178,3 +179,34 @@ def stop_hosts(hosts):
                     pass
     for h in hosts:
         h.stop()
+
+
+def fleet_of_hosts(etcd, tmp_path, *, prefix, n, ttl):
+    """The body of a ``fleet`` (or ``hosts``) fixture on ``etcd``:
+    ``make(n, name=None, wait=True, **kw)`` starts n simulated hosts h0..
+    (``kw`` goes to Host; ``ttl`` by default) of a cluster named after
+    ``prefix`` unless ``name`` is given, and returns (Cluster, [Host]) once
+    every host registered (``wait``).  Every host is stopped and every
+    controller closed afterwards; ``make.hosts`` and ``make.controllers``
+    list them."""
+    from pyshmlock.cluster import Cluster
+    made, ctls = [], []
+    default_n = n
+
+    def make(n=default_n, name=None, wait=True, **kw):
+        name = name or f"{prefix}-{uuid.uuid4().hex[:10]}"
+        kw.setdefault("ttl", ttl)
+        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
+        made.extend(hs)
+        c = Cluster(etcd.endpoints, name)
+        ctls.append(c)
+        if wait and n:
+            c.wait_hosts(n, timeout=15)
+        return c, hs
+
+    make.hosts = made
+    make.controllers = ctls
+    yield make
+    stop_hosts(made)
+    for c in ctls:
+        c.close()

@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from clusterlab import Host, now, require_etcd, stop_hosts, three_member_etcd
+from clusterlab import fleet_of_hosts, now, require_etcd, three_member_etcd
 
 require_etcd()
 
@@ -52,23 +52,7 @@ SLACK = 0.6      # watchdog poll (20 ms) + scheduling on a shared 2-CPU machine
 @pytest.fixture
 def hosts(etcd, tmp_path):
     """hosts(n, **kw) -> (Cluster, [Host]); everything is stopped afterwards."""
-    from pyshmlock.cluster import Cluster
-    made, ctls = [], []
-
-    def make(n=3, **kw):
-        name = f"c-{uuid.uuid4().hex[:10]}"
-        kw.setdefault("ttl", int(TTL))
-        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
-        made.extend(hs)
-        c = Cluster(etcd.endpoints, name)
-        ctls.append(c)
-        c.wait_hosts(n, timeout=15)
-        return c, hs
-
-    yield make
-    stop_hosts(made)
-    for c in ctls:
-        c.close()
+    yield from fleet_of_hosts(etcd, tmp_path, prefix="c", n=3, ttl=int(TTL))
 
 
 # ------------------------------------------------------------------- guarantees

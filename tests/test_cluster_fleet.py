@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from clusterlab import Host, now, require_etcd, stop_hosts, three_member_etcd
+from clusterlab import Host, fleet_of_hosts, now, require_etcd, stop_hosts, three_member_etcd
 from helpers import wait_for
 
 from pyshmlock.cluster.localetcd import LocalEtcd
@@ -34,26 +34,7 @@ etcd = pytest.fixture(scope="module", name="etcd")(three_member_etcd)
 @pytest.fixture
 def fleet(etcd, tmp_path):
     """fleet(n, **kw) -> (Cluster, [Host]); everything is stopped afterwards."""
-    from pyshmlock.cluster import Cluster
-    made, ctls = [], []
-
-    def make(n=2, name=None, wait=True, **kw):
-        name = name or f"f-{uuid.uuid4().hex[:10]}"
-        kw.setdefault("ttl", TTL)
-        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
-        made.extend(hs)
-        c = Cluster(etcd.endpoints, name)
-        ctls.append(c)
-        if wait and n:
-            c.wait_hosts(n, timeout=15)
-        return c, hs
-
-    make.hosts = made
-    make.controllers = ctls
-    yield make
-    stop_hosts(made)
-    for c in ctls:
-        c.close()
+    yield from fleet_of_hosts(etcd, tmp_path, prefix="f", n=2, ttl=TTL)
 
 
 def _revision(etcd):

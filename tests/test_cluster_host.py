@@ -8,10 +8,9 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
-from clusterlab import Host, now, require_etcd, stop_hosts, three_member_etcd
+from clusterlab import fleet_of_hosts, now, require_etcd, three_member_etcd
 from helpers import wait_for
 
 require_etcd()
@@ -25,24 +24,8 @@ etcd = pytest.fixture(scope="module", name="etcd")(three_member_etcd)
 
 @pytest.fixture
 def fleet(etcd, tmp_path):
-    from pyshmlock.cluster import Cluster
-    made, ctls = [], []
-
-    def make(n=2, **kw):
-        name = f"hs-{uuid.uuid4().hex[:10]}"
-        kw.setdefault("ttl", TTL)
-        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
-        made.extend(hs)
-        c = Cluster(etcd.endpoints, name)
-        ctls.append(c)
-        c.wait_hosts(n, timeout=15)
-        return c, hs
-
-    make.hosts = made
-    yield make
-    stop_hosts(made)
-    for c in ctls:
-        c.close()
+    """fleet(n, **kw) -> (Cluster, [Host]); everything is stopped afterwards."""
+    yield from fleet_of_hosts(etcd, tmp_path, prefix="hs", n=2, ttl=TTL)
 
 
 PUSHER = textwrap.dedent("""
