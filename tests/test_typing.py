@@ -33,8 +33,24 @@ def test_ruff_is_clean():
     ruff = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
     if not os.path.exists(ruff):
         pytest.skip("ruff is not installed (pip install '.[test]')")
-    p = run(ruff, "check", "pyshmlock", "tests", "bench", "verify", "csrc")
+    p = run(ruff, "check", ".")                    # config: pyproject.toml
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_linter_and_type_checker_are_the_pinned_ones():
+    """ruff and mypy are pinned exactly in the test extra, so every machine
+    checks the same rules: the ones installed are those versions."""
+    import re
+    from importlib import metadata
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        pins = dict(re.findall(r'"(ruff|mypy)==([^"]+)"', f.read()))
+    assert set(pins) == {"ruff", "mypy"}, pins
+    for tool, version in sorted(pins.items()):
+        try:
+            installed = metadata.version(tool)
+        except metadata.PackageNotFoundError:
+            pytest.skip(f"{tool} is not installed (pip install '.[test]')")
+        assert installed == version, f"{tool} {installed} installed, {version} pinned"
 
 
 def test_no_c_constant_is_copied_by_hand():
