@@ -1,4 +1,4 @@
-"""The cluster benchmark (issue 23): median ``pause()`` against one etcd
+"""The cluster benchmark: median ``pause()`` against one etcd
 write round trip, measured in the same run through the same client, for 3,
 8 and 16 hosts.  Not a test: it asserts nothing and is not collected by
 pytest.

@@ -1,5 +1,6 @@
-"""The fault matrix of issue 23, as a soak (not a test: outside the default
-suite; it asserts nothing and prints what it measured).
+"""The cluster gate's fault matrix (agents, etcd members, partitions), as
+a soak (not a test: outside the default suite; it asserts nothing and
+prints what it measured).
 
     python bench/cluster_faults.py [--cycles 27] [--hosts 3]
 

@@ -24,7 +24,10 @@ ROOT = os.path.dirname(CSRC)
 SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
 
 
-HEADERS = ("shmlock.h",)     # the lock core's API (the benchmark floors live in bench/)
+# The lock core's API.  (The benchmark floors, csrc/floor.c and
+# csrc/floor_capi.c, are not built here: pyshmlock/_floors.py compiles them
+# at run time.)
+HEADERS = ("shmlock.h",)
 # The core: every C file of csrc/core/, one concern each (see its internal.h).
 CORE = os.path.join(CSRC, "core")
 SOURCES = tuple(sorted(os.path.join("core", f) for f in os.listdir(CORE) if f.endswith(".c")))

@@ -430,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-running", action="store_true",
                    help="leave the server up afterwards (for curl and the CLI)")
     s.set_defaults(fn=cmd_demo)
-    from .cluster.cli import add_parsers  # `agent` and `cluster` (issue 17)
+    from .cluster.cli import add_parsers  # the `agent` and `cluster` commands
     add_parsers(sub)
     return p
 

@@ -4,7 +4,7 @@ repr).  Both hold types subclass the C base ``_fast.Hold``: ``with``,
 ``async with``, ``release()``, ``lock``, ``kind`` and ``timeout`` are its."""
 from typing import TYPE_CHECKING, Any, Optional
 
-# ==================================================== C fast path (issue 14)
+# ================================================================ C fast path
 # SyncHold's __enter__/__exit__/__aenter__/__aexit__ (and RWLock's hold
 # calls, see lock.py) are methods of C base types, pyshmlock._fast
 # (csrc/fastpath/).  Importing pyshmlock._fastpath hands the base types the

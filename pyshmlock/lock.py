@@ -11,7 +11,7 @@ names are re-exported here, as before.
 """
 from typing import Any, ContextManager, NoReturn, Optional, Tuple, Union
 
-# C fast path (issue 14): RWLock subclasses _fastpath.Lock, whose methods
+# C fast path: RWLock subclasses _fastpath.Lock, whose methods
 # are the hold calls; importing _fastpath sets the base types up.
 from . import _fastpath
 from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, check_mode

@@ -13,7 +13,7 @@ One table, :data:`METRICS`, says which metrics exist; both outputs read it:
       REGISTRY.register(LockCollector(["model-weights"]))
 
 Every sample carries a ``lock="NAME"`` label.  Looking at a lock attaches
-nothing (see :func:`pyshmlock.lock.inspect`), so a scraper never takes a
+nothing (see :func:`pyshmlock.inspect`), so a scraper never takes a
 process slot and never shows up among the lock's processes.
 """
 import time

@@ -10,21 +10,42 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
+import pytest
 from conftest import unique_name
+from helpers import remove_lock
 
-import pyshmlock
+from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
 
 
 def now():
     return time.monotonic()
 
 
-def wait_for(pred, timeout, what):
-    t = now()
-    while not pred():
-        assert now() - t < timeout, f"timed out: {what}"
-        time.sleep(0.02)
+def require_etcd():
+    """At a test module's top: skip the module when etcd is not installed,
+    or fail it under PYSHMLOCK_REQUIRE_ETCD=1 (CI), where the cluster tests
+    must run."""
+    if etcd_binary() is None:
+        if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":
+            raise RuntimeError("PYSHMLOCK_REQUIRE_ETCD=1 but etcd is not installed "
+                               "(Debian: apt-get install etcd-server)")
+        pytest.skip("etcd is not installed (Debian: apt-get install etcd-server); "
+                    "the cluster tests need a real etcd", allow_module_level=True)
+
+
+def three_member_etcd():
+    """The body of a module's ``etcd`` fixture (``etcd =
+    pytest.fixture(scope="module", name="etcd")(three_member_etcd)``): one
+    real 3-member etcd on loopback for the whole module, stopped at its end
+    with its data directory removed."""
+    e = LocalEtcd(members=3)
+    try:
+        yield e
+    finally:
+        e.stop()
+        assert not os.path.exists(e.dir)
 
 
 class Host:
@@ -144,10 +165,7 @@ class Host:
                 print("DID NOT EXIT:", p.args, file=sys.stderr)
                 p.kill()
                 p.wait(5)
-        try:
-            pyshmlock.unlink(self.lock_name, force=True)
-        except FileNotFoundError:
-            pass
+        remove_lock(self.lock_name)
 
 
 def stop_hosts(hosts):
@@ -161,3 +179,34 @@ def stop_hosts(hosts):
                     pass
     for h in hosts:
         h.stop()
+
+
+def fleet_of_hosts(etcd, tmp_path, *, prefix, n, ttl):
+    """The body of a ``fleet`` (or ``hosts``) fixture on ``etcd``:
+    ``make(n, name=None, wait=True, **kw)`` starts n simulated hosts h0..
+    (``kw`` goes to Host; ``ttl`` by default) of a cluster named after
+    ``prefix`` unless ``name`` is given, and returns (Cluster, [Host]) once
+    every host registered (``wait``).  Every host is stopped and every
+    controller closed afterwards; ``make.hosts`` and ``make.controllers``
+    list them."""
+    from pyshmlock.cluster import Cluster
+    made, ctls = [], []
+    default_n = n
+
+    def make(n=default_n, name=None, wait=True, **kw):
+        name = name or f"{prefix}-{uuid.uuid4().hex[:10]}"
+        kw.setdefault("ttl", ttl)
+        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
+        made.extend(hs)
+        c = Cluster(etcd.endpoints, name)
+        ctls.append(c)
+        if wait and n:
+            c.wait_hosts(n, timeout=15)
+        return c, hs
+
+    make.hosts = made
+    make.controllers = ctls
+    yield make
+    stop_hosts(made)
+    for c in ctls:
+        c.close()

@@ -7,6 +7,7 @@ import traceback
 import uuid
 
 import pytest
+from helpers import remove_lock
 
 import pyshmlock
 
@@ -40,10 +41,7 @@ def lock_name():
     """A fresh lock name; the segment is removed after the test."""
     name = unique_name()
     yield name
-    try:
-        pyshmlock.unlink(name, force=True)
-    except FileNotFoundError:
-        pass
+    remove_lock(name)
 
 
 @pytest.fixture

@@ -8,15 +8,6 @@ import sys
 import time
 
 
-def wait_for(pred, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class Gdb:
     """gdb attached in non-stop mode: a breakpoint stops only its thread."""
 

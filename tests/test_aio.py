@@ -1,5 +1,7 @@
 """asyncio waiting: many parked tasks, a loop that never blocks, cancellation
-that leaves nothing behind.  The other side of each case is another process."""
+that leaves nothing behind, and a loop's eventfd reader callback that loses
+no wake-up and keeps no task's context.  The other side of each case is
+another process or a blocking hold of this one."""
 import asyncio
 import os
 import threading
@@ -254,7 +256,7 @@ def test_several_loops_in_several_threads(lock_name, children):
 
 
 def test_late_parked_drain_waiter_is_watched_at_once(lock_name):
-    """Issue 12 defect 6: a task that parks on wait_drained while the helper
+    """A task that parks on wait_drained while the helper
     already sleeps for a task parked on the state word alone is watched
     within a few ms, not at the end of a sleep slice.  Compared, in the same
     run, with a drain waiter that parks while nothing else is parked."""
@@ -287,8 +289,9 @@ def test_late_parked_drain_waiter_is_watched_at_once(lock_name):
 
     try:
         early, late = asyncio.run(main())
-        # The old helper noticed the late waiter only when its sleep slice
-        # ended: 80-200 ms here.  Watched at once, it wakes like the early one.
+        # Noticed only when the helper's sleep slice ends, the late waiter
+        # would wake 80-200 ms late here.  Watched at once, it wakes like
+        # the early one.
         assert late < max(10 * early, 0.03), (early, late)
     finally:
         alock.close()
@@ -466,7 +469,130 @@ def test_a_task_raising_out_of_its_wake_up_does_not_strand_the_others(lock_name)
         alock.close()
 
 
-# --------------------------------- one attempt, written once (issue 24)
+# ----------------------------- the loop's eventfd reader callback
+
+def _loops(alock):
+    from pyshmlock import _park
+    helper = _park._helpers.get(alock._lock._att.key)
+    if helper is None:
+        return []
+    with helper.mu:
+        return [lw for _loop, lw in helper.live_loops()]
+
+
+def _parked(alock):
+    return sum(len(lw.parked) for lw in _loops(alock))
+
+
+def test_a_wake_up_dispatched_inside_a_running_task_is_not_lost(lock_name):
+    """A loop may dispatch I/O callbacks while a task is current (a nested
+    GUI loop does; modelled with the loop's own _run_once): the parked task
+    must still wake, later, not be marked done and forgotten."""
+    async def main():
+        loop = asyncio.get_running_loop()
+        errors = []
+        loop.set_exception_handler(lambda _l, ctx: errors.append(ctx))
+        alock = pyshmlock.AsyncRWLock(lock_name)
+        try:
+            alock._lock.acquire_write()
+            b = asyncio.create_task(alock.acquire_read(10))
+            await asyncio.sleep(0.05)                    # b parked
+            alock._lock.release_write()                  # the watcher writes the eventfd
+            # Bounded: a timer makes each selector wait end within 5 s.
+            deadline = time.monotonic() + 5
+            tick = loop.call_later(5, lambda: None)
+            while _parked(alock) and time.monotonic() < deadline:
+                loop._run_once()                         # the reader runs inside this task
+            tick.cancel()
+            assert not _parked(alock), "the reader never ran inside the task: nothing tested"
+            assert await asyncio.wait_for(b, 5), "the parked reader never woke"
+            assert not errors, errors
+            alock.release_read()
+        finally:
+            alock.close()
+    asyncio.run(main())
+
+
+def test_the_reader_callback_keeps_no_tasks_context(lock_name):
+    """The eventfd reader is registered once per loop; it must not keep the
+    context of the first task that parked (and its request objects)."""
+    import contextvars
+    import gc
+    import weakref
+    var = contextvars.ContextVar("request")
+
+    class Request:
+        pass
+
+    async def handler(alock, refs):
+        r = Request()
+        refs.append(weakref.ref(r))
+        var.set(r)
+        del r
+        async with alock.reader_lock:
+            pass
+
+    async def main():
+        alock = pyshmlock.AsyncRWLock(lock_name)
+        try:
+            alock._lock.acquire_write()
+            refs = []
+            t = asyncio.create_task(handler(alock, refs))
+            await asyncio.sleep(0.05)                    # parked: the reader is added now
+            alock._lock.release_write()
+            await asyncio.wait_for(t, 5)
+            del t
+            await asyncio.sleep(0)
+            gc.collect()
+            assert refs[0]() is None, "the loop's reader keeps the task's context alive"
+        finally:
+            alock.close()
+    asyncio.run(main())
+
+
+def test_an_interrupt_inside_the_reader_callback_strands_no_task(lock_name, monkeypatch):
+    """KeyboardInterrupt raised inside the reader callback before it hands
+    the wake-ups out (a signal handler runs there, e.g. under
+    loop.run_forever) must leave every parked task to be woken later."""
+    from pyshmlock import _park
+    real = _park.lib
+
+    class Interrupting:
+        armed = False
+
+        def __getattr__(self, name):
+            attr = getattr(real, name)
+            if name == "shl_watcher_gen" and Interrupting.armed:
+                Interrupting.armed = False
+
+                def boom(*a):
+                    raise KeyboardInterrupt
+                return boom
+            return attr
+    monkeypatch.setattr(_park, "lib", Interrupting())
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    loop = asyncio.new_event_loop()
+    try:
+        alock._lock.acquire_write()
+        tasks = [loop.create_task(alock.acquire_read(10)) for _ in range(2)]
+        loop.run_until_complete(asyncio.sleep(0.05))    # both parked
+        Interrupting.armed = True
+        alock._lock.release_write()
+        with pytest.raises(KeyboardInterrupt):
+            loop.run_until_complete(asyncio.sleep(2))
+        assert loop.run_until_complete(asyncio.wait_for(asyncio.gather(*tasks), 5)) \
+            == [True, True]
+        for _ in tasks:
+            alock.release_read()
+    finally:
+        for t in asyncio.all_tasks(loop):
+            t.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        alock.close()
+
+
+# ---------------- one attempt, written once: the C awaitables of a hold
 
 PACKAGE_DIR = os.path.dirname(pyshmlock.__file__)
 

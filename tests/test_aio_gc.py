@@ -5,14 +5,20 @@ thread is inside the parking code.  Nothing there may wait for a lock the
 parking code holds; the abandoned attempts withdraw; later waiters get
 their answers in time.
 
-Each case runs in a child interpreter with a deadline: a deadlock there is
-a failed test, not a hung suite."""
+Each collector case runs in a child interpreter with a deadline: a
+deadlock there is a failed test, not a hung suite.  The last two cases run
+here: a closed loop's parked task gives its place in the queue back once the
+loop and the task are dropped, or when the lock is closed."""
+import asyncio
+import gc
+import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import pytest
-from holders import hold_until_told
+from holders import hold_until_told, timed_acquire
 
 import pyshmlock
 
@@ -118,3 +124,52 @@ def test_the_collector_never_waits_for_the_parking_lock(lock_name, children):
     assert rc == 0 and "collected" in out and "queued 0" in out, out
     cmd.put("go")
     writer.expect("released")
+
+
+# ------------------------------------- a loop closed with a task parked
+
+@pytest.mark.timeout(60)
+def test_a_loop_closed_with_a_parked_reader_releases_its_place(lock_name, children):
+    """A loop closed while a task is parked (run_until_complete, then close)
+    can never run that task again: once the loop and the task are dropped,
+    the queued reader must go, so writers in other processes get in, and the
+    lock can be closed."""
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    alock._lock.acquire_write()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(alock.acquire_read())
+    loop.run_until_complete(asyncio.sleep(0.05))        # parked: a queued reader
+    assert alock.info().queued_readers.get(os.getpid()) == 1
+    loop.close()
+    loop_ref = weakref.ref(loop)
+    del loop, task
+    gc.collect()
+    assert loop_ref() is None, "the closed loop is kept alive by the asyncio helper"
+    alock._lock.release_write()
+    assert not alock.info().queued_readers
+    c = children(timed_acquire, lock_name, "write", 5)
+    ok, waited = c.get(timeout=20)
+    assert ok and waited < 2.0
+    alock.close()
+
+
+@pytest.mark.timeout(60)
+def test_closing_a_lock_abandons_the_tasks_of_a_closed_loop(lock_name):
+    """Even while the closed loop and its task are still referenced, the
+    lock's close() takes their place back instead of refusing forever."""
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    alock._lock.acquire_write()
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(alock.acquire_read())
+    loop.run_until_complete(asyncio.sleep(0.05))
+    loop.close()
+    alock._lock.release_write()
+    alock.close()                      # not LockInUseError: nothing can run that task
+    assert not task.done()
+    probe = pyshmlock.RWLock(lock_name)
+    try:
+        assert not probe.info().queued_readers
+        assert probe.acquire_write(2)
+        probe.release_write()
+    finally:
+        probe.close()

@@ -1,6 +1,7 @@
 """API conformance: the lock-like protocol of holds, timeouts of any size,
 asyncio waiting behind this process's own holds, truthful status, pickling,
-scoping of the attachment, help text and repr (issues 12 and 13)."""
+scoping of the attachment, help text and repr, and the bookkeeping of the
+asyncio helper."""
 import asyncio
 import multiprocessing as mp
 import os
@@ -150,7 +151,7 @@ def test_hold_acquire_has_threading_lock_signature(lock):
     assert not wl.locked()
 
 
-# ----------------------------------------------- truthful status (defect 4)
+# ------------------------------- truthful status: a claim is not a hold
 
 
 
@@ -192,7 +193,7 @@ def test_status_says_claimed_while_the_writer_waits_for_readers(lock, children):
     assert c.join() == 0
 
 
-# ------------------------------------- upgrade and nested reads (defect 5)
+# ---------------- upgrade and nested reads time out instead of deadlocking
 
 def _queue_writer(q, name):
     lk = pyshmlock.RWLock(name)
@@ -228,7 +229,7 @@ def test_nested_read_behind_a_queued_writer_times_out(lock, children):
     assert c.join() == 0
 
 
-# ------------------------------------------- lock-like holds (13 item 8)
+# ------------------- lock-like holds: threading/asyncio Condition on them
 
 def test_threading_condition_on_the_writer_lock(lock):
     cond = threading.Condition(lock.writer_lock)
@@ -285,7 +286,7 @@ def test_hold_types_are_public(lock_name):
     lk.close()
 
 
-# ------------------------------------------- with lock: (13 item 7)
+# ------------------- `with lock:` refuses; attached() scopes the attachment
 
 def test_with_lock_refuses_and_attached_scopes(lock_name):
     lk = pyshmlock.RWLock(lock_name)
@@ -373,7 +374,7 @@ def test_unpickling_a_removed_lock_does_not_create_it(lock_name):
     assert not os.path.exists(f"/dev/shm/pyshmlock.{lock_name}")
 
 
-# ------------------------------------------------ help and repr (item 10)
+# ------------------------------------------------------------ help and repr
 
 def test_help_text_names_holds_and_mode_readably():
     text = pydoc.render_doc(pyshmlock.RWLock, renderer=pydoc.plaintext)
@@ -420,7 +421,7 @@ def test_unawaited_resume_still_resumes(lock_name):
     alock.close()
 
 
-# ---------------------------------------------- aio bookkeeping (item 11)
+# --------------------- asyncio bookkeeping: close() prunes helper and thread
 
 def test_close_prunes_helper_and_its_thread(lock_name):
     alock = pyshmlock.AsyncRWLock(lock_name)
@@ -444,7 +445,7 @@ def test_close_prunes_helper_and_its_thread(lock_name):
 
 
 def test_every_call_on_a_closed_lock_says_closed_the_same_way(lock_name):
-    # Issue 15: one closed mechanism (the C core's SHL_ECLOSED, plus one
+    # One closed mechanism (the C core's SHL_ECLOSED, plus one
     # Python check for the methods that do not reach C), one message.
     lk = pyshmlock.RWLock(lock_name)
     hold = lk.reader_lock

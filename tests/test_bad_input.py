@@ -5,6 +5,7 @@ import struct
 
 import pytest
 from conftest import SHM_DIR
+from helpers import reap
 
 import pyshmlock
 
@@ -231,3 +232,31 @@ def test_too_many_processes(lock_name, children):
     assert got[0] == "full" and "max_processes" in got[1]
     first.kill()
     lk.close()
+
+
+# ------------------------------------------------------------ a null handle
+
+def test_entry_points_refuse_a_null_handle_without_touching_it():
+    """shl_wait, shl_info, shl_slot_info and the other entry points check
+    the handle before they read through it: a NULL handle is SHL_ECLOSED,
+    not a crash.  Run in a forked child, so a crash fails the test instead
+    of killing pytest."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            from pyshmlock._shmlock import ffi, lib
+            w = ffi.new("shl_waiter *")
+            w.kind = lib.SHL_KIND_READ
+            rcs = [lib.shl_wait(ffi.NULL, w, 0),
+                   lib.shl_info(ffi.NULL, ffi.new("shl_snapshot *")),
+                   lib.shl_slot_info(ffi.NULL, 0, ffi.new("shl_slot_snapshot *")),
+                   lib.shl_try(ffi.NULL, w), lib.shl_attach(ffi.NULL),
+                   lib.shl_recovery_info(ffi.NULL, 0, ffi.new("shl_recovery_record *"))]
+            lib.shl_cancel(ffi.NULL, w)
+            code = 0 if all(rc == lib.SHL_ECLOSED for rc in rcs) else 2
+        finally:
+            os._exit(code)
+    status = reap(pid, 10)
+    assert status is not None and os.WIFEXITED(status), f"child crashed: {status}"
+    assert os.WEXITSTATUS(status) == 0

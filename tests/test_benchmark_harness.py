@@ -44,7 +44,7 @@ def test_uncontended_section_reports_pyshmlock_peers_and_floors():
     # Either both floors were built, or the report says why they were not.
     floors = [k for k in rows if k.startswith("floor")]
     assert len(floors) in (1, 2), floors
-    # the asyncio rows, each beside asyncio.Lock on the same loop (issue 24);
+    # the asyncio rows, each beside asyncio.Lock on the same loop;
     # uvloop's are measured, or skipped with the reason
     for loop in ("asyncio", "uvloop"):
         for label in ("pyshmlock async with reader_lock",

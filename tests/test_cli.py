@@ -1,10 +1,9 @@
 """The `pyshmlock` command: real subprocesses against real locks."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from helpers import run_python
 
 import pyshmlock
 
@@ -12,8 +11,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def run(*args, timeout=60):
-    p = subprocess.run([sys.executable, "-m", "pyshmlock", *args], capture_output=True,
-                       text=True, timeout=timeout, cwd="/")
+    p = run_python("-m", "pyshmlock", *args, timeout=timeout)
     assert "Traceback" not in p.stderr, p.stderr
     return p
 

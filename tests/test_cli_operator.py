@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers import run_python
 from test_cli_ops import run
 
 import pyshmlock
@@ -20,10 +21,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as 
 
 
 def as_nobody(code, *args):
-    subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                    sys.executable, "-c", code, *args], check=True, timeout=30, cwd="/",
-                   env=dict(os.environ, PYTHONPATH=os.path.dirname(
-                       os.path.dirname(pyshmlock.__file__))))
+    run_python("-c", code, *args, timeout=30, user=NOBODY, check=True)
 
 
 @needs_root

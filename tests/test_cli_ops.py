@@ -1,4 +1,4 @@
-"""Issue 13, items 2 and 5: the `pyshmlock` command as an operator uses it.
+"""The `pyshmlock` command as an operator uses it.
 Real subprocesses against real locks; nothing mocked."""
 import io
 import os
@@ -9,6 +9,7 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 from conftest import unique_name
+from helpers import remove_lock, run_python
 
 import pyshmlock
 from pyshmlock import cli
@@ -17,12 +18,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def run(*args, timeout=60, user=None):
-    cmd = [sys.executable, "-m", "pyshmlock", *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/",
-                       env=dict(os.environ, PYTHONPATH=os.path.dirname(
-                           os.path.dirname(pyshmlock.__file__))))
+    p = run_python("-m", "pyshmlock", *args, timeout=timeout, user=user)
     assert "Traceback" not in p.stderr, p.stderr
     return p
 
@@ -88,10 +84,7 @@ def test_running_watch_does_not_block_rm_and_notices_removal():
         if w.poll() is None:
             w.kill()
             w.wait(5)
-        try:
-            pyshmlock.unlink(name, force=True)
-        except FileNotFoundError:
-            pass
+        remove_lock(name)
 
 
 def test_rm_words_and_confirmation(lock, lock_name):

@@ -13,7 +13,8 @@ import textwrap
 import time
 
 import pytest
-from debugger import Gdb, kill, spawn, wait_for
+from debugger import Gdb, kill, spawn
+from helpers import wait_for
 
 import pyshmlock
 
@@ -73,13 +74,9 @@ def stall_watchdog_in_expiry(name):
 
 
 @pytest.fixture
-def name():
-    n = f"test-close-race-{os.getpid()}-{time.monotonic_ns() % 10**9}"
-    yield n
-    try:
-        pyshmlock.unlink(n, force=True)
-    except FileNotFoundError:
-        pass
+def name(lock_name):
+    """conftest's lock_name (unique, removed afterwards) under a short name."""
+    return lock_name
 
 
 def test_a_death_while_the_watchdog_ends_a_session_is_recovered(name):

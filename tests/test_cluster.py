@@ -1,4 +1,4 @@
-"""The cluster gate on a real 3-member etcd on loopback (issue 17).
+"""The cluster gate on a real 3-member etcd on loopback.
 
 One etcd cluster serves the whole module (each test uses its own cluster
 name, so their keys never meet); a test that kills the Raft leader restarts
@@ -7,7 +7,6 @@ that member before it ends.  Hosts are simulated by real processes: an agent
 own lock.  Without etcd the module skips, unless PYSHMLOCK_REQUIRE_ETCD=1
 (set by CI), where it fails.
 """
-import os
 import signal
 import subprocess
 import sys
@@ -15,25 +14,11 @@ import time
 import uuid
 
 import pytest
+from clusterlab import fleet_of_hosts, now, require_etcd, three_member_etcd
 
-from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
+require_etcd()
 
-if etcd_binary() is None:
-    if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":
-        raise RuntimeError("PYSHMLOCK_REQUIRE_ETCD=1 but etcd is not installed "
-                           "(Debian: apt-get install etcd-server)")
-    pytest.skip("etcd is not installed (Debian: apt-get install etcd-server); "
-                "the cluster tests need a real etcd", allow_module_level=True)
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    e = LocalEtcd(members=3)
-    try:
-        yield e
-    finally:
-        e.stop()
-        assert not os.path.exists(e.dir)
+etcd = pytest.fixture(scope="module", name="etcd")(three_member_etcd)
 
 
 def test_harness_survives_leader_kill(etcd):
@@ -56,7 +41,7 @@ def test_harness_survives_leader_kill(etcd):
 # --------------------------------------------------------------- simulated hosts
 import threading  # noqa: E402
 
-from clusterlab import Host, stop_hosts  # noqa: E402
+from helpers import wait_for  # noqa: E402
 
 import pyshmlock  # noqa: E402
 
@@ -64,37 +49,10 @@ TTL = 2.0
 SLACK = 0.6      # watchdog poll (20 ms) + scheduling on a shared 2-CPU machine
 
 
-def _now():
-    return time.monotonic()
-
-
 @pytest.fixture
 def hosts(etcd, tmp_path):
     """hosts(n, **kw) -> (Cluster, [Host]); everything is stopped afterwards."""
-    from pyshmlock.cluster import Cluster
-    made, ctls = [], []
-
-    def make(n=3, **kw):
-        name = f"c-{uuid.uuid4().hex[:10]}"
-        kw.setdefault("ttl", int(TTL))
-        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
-        made.extend(hs)
-        c = Cluster(etcd.endpoints, name)
-        ctls.append(c)
-        c.wait_hosts(n, timeout=15)
-        return c, hs
-
-    yield make
-    stop_hosts(made)
-    for c in ctls:
-        c.close()
-
-
-def _wait_for(pred, timeout, what):
-    t = _now()
-    while not pred():
-        assert _now() - t < timeout, f"timed out: {what}"
-        time.sleep(0.02)
+    yield from fleet_of_hosts(etcd, tmp_path, prefix="c", n=3, ttl=int(TTL))
 
 
 # ------------------------------------------------------------------- guarantees
@@ -103,10 +61,10 @@ def test_pause_holds_every_host_until_resume(hosts):
     for h in hs:
         h.wait_admitting()
     r = c.pause(timeout=15)
-    t_paused = _now()
+    t_paused = now()
     assert r.acknowledged == ["h0", "h1", "h2"] and r.lost == []
     time.sleep(0.5)
-    t_resume = _now()
+    t_resume = now()
     for h in hs:
         assert h.admitted_after(t_paused) == [], f"{h.id} admitted a read after pause() returned"
     c.resume(timeout=5)
@@ -138,9 +96,9 @@ def test_pause_drain_waits_for_held_reads(hosts):
     c, hs = hosts(2, workers=2, hold=1.5)
     for h in hs:
         h.wait_admitting(15)
-    t0 = _now()
+    t0 = now()
     r = c.pause(timeout=15, drain=True)
-    t_ret = _now()
+    t_ret = now()
     assert r.drained and r.acknowledged == ["h0", "h1"]
     time.sleep(0.2)                                   # the workers log their releases
     for h in hs:
@@ -201,11 +159,11 @@ def test_lost_agent_fails_closed_and_is_reported(hosts, how):
     c, hs = hosts(3, workers=1)
     victim = hs[1]
     victim.wait_admitting()
-    t_lost = _now()
+    t_lost = now()
     victim.signal_agent(getattr(signal, how))
     try:
         r = c.pause(timeout=15)
-        t_ret = _now()
+        t_ret = now()
         assert r.lost == ["h1"] and r.acknowledged == ["h0", "h2"], r
         # the host stopped admitting within one TTL of losing contact
         assert victim.admitted_after(t_lost + TTL + SLACK) == []
@@ -213,7 +171,7 @@ def test_lost_agent_fails_closed_and_is_reported(hosts, how):
         assert victim.admitted_after(t_ret) == []
         if how == "SIGSTOP":
             victim.signal_agent(signal.SIGCONT)        # it re-registers, mirrors the pause
-            _wait_for(lambda: c.status().hosts.get("h1", {}).get("mirrored", -1) >= r.revision,
+            wait_for(lambda: c.status().hosts.get("h1", {}).get("mirrored", -1) >= r.revision,
                       15, "h1 re-registered and mirrored the pause")
             assert victim.admitted_after(t_ret) == []
             c.resume(timeout=5)
@@ -234,13 +192,13 @@ def test_whole_host_killed_restarts_paused(hosts):
     victim.kill_all()
     r = c.pause(timeout=15)
     assert "h0" in r.lost or "h0" not in r.acknowledged
-    t_paused = _now()
+    t_paused = now()
     # workers first (the segment survives, its lease has run out), then the agent
     victim.start_workers()
     time.sleep(0.5)
     assert victim.admitted_after(t_paused) == []
     victim.start_agent()
-    _wait_for(lambda: c.status().hosts.get("h0", {}).get("mirrored", -1) >= r.revision,
+    wait_for(lambda: c.status().hosts.get("h0", {}).get("mirrored", -1) >= r.revision,
               15, "restarted h0 mirrored the pause")
     time.sleep(0.3)
     assert victim.admitted_after(t_paused) == [], "a restarted host admitted during the pause"
@@ -331,8 +289,8 @@ def test_agent_exits_on_a_burst_of_signals(hosts):
     does not reproduce that timing reliably, it guards the exit path.)"""
     c, hs = hosts(1, workers=0)
     a = hs[0].agent
-    t = _now()
-    while a.poll() is None and _now() - t < 3:     # signals all through its exit
+    t = now()
+    while a.poll() is None and now() - t < 3:     # signals all through its exit
         a.send_signal(signal.SIGTERM)
         time.sleep(0.0005)
     # 0, or killed by a late SIGTERM after its clean-up, when the
@@ -343,7 +301,7 @@ def test_agent_exits_on_a_burst_of_signals(hosts):
         assert lk.paused          # a stopped agent leaves its host paused
     finally:
         lk.close()
-    _wait_for(lambda: "h0" not in c.status().hosts, 5, "registration revoked at exit")
+    wait_for(lambda: "h0" not in c.status().hosts, 5, "registration revoked at exit")
 
 
 def test_pause_during_unpaused_update_survives_its_release(etcd):

@@ -1,4 +1,4 @@
-"""Issue 23, the host side (items 2, 4, 7) on a real 3-member etcd: fencing
+"""The cluster gate's host side on a real 3-member etcd: fencing
 at the resource, fail-closed hosts whatever starts first, and a local resume
 of a cluster-managed lock."""
 import json
@@ -8,51 +8,24 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
-from clusterlab import Host, now, stop_hosts, wait_for
+from clusterlab import fleet_of_hosts, now, require_etcd, three_member_etcd
+from helpers import wait_for
 
-from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
-
-if etcd_binary() is None:
-    if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":
-        raise RuntimeError("PYSHMLOCK_REQUIRE_ETCD=1 but etcd is not installed")
-    pytest.skip("etcd is not installed", allow_module_level=True)
+require_etcd()
 
 pytestmark = pytest.mark.timeout(120)
 TTL = 2
 
 
-@pytest.fixture(scope="module")
-def etcd():
-    e = LocalEtcd(members=3)
-    try:
-        yield e
-    finally:
-        e.stop()
+etcd = pytest.fixture(scope="module", name="etcd")(three_member_etcd)
 
 
 @pytest.fixture
 def fleet(etcd, tmp_path):
-    from pyshmlock.cluster import Cluster
-    made, ctls = [], []
-
-    def make(n=2, **kw):
-        name = f"hs-{uuid.uuid4().hex[:10]}"
-        kw.setdefault("ttl", TTL)
-        hs = [Host(etcd.endpoints, name, f"h{i}", str(tmp_path), **kw) for i in range(n)]
-        made.extend(hs)
-        c = Cluster(etcd.endpoints, name)
-        ctls.append(c)
-        c.wait_hosts(n, timeout=15)
-        return c, hs
-
-    make.hosts = made
-    yield make
-    stop_hosts(made)
-    for c in ctls:
-        c.close()
+    """fleet(n, **kw) -> (Cluster, [Host]); everything is stopped afterwards."""
+    yield from fleet_of_hosts(etcd, tmp_path, prefix="hs", n=2, ttl=TTL)
 
 
 PUSHER = textwrap.dedent("""
@@ -79,7 +52,7 @@ PUSHER = textwrap.dedent("""
 
 
 def test_a_stale_updater_is_refused_at_every_host(fleet, tmp_path, etcd):
-    """Item 2: an updater stopped inside `with fleet.update()` past its
+    """An updater stopped inside `with fleet.update()` past its
     lease loses the lock; another controller resumes; the stale updater
     wakes and keeps pushing chunks through lock.fenced_update(token): every
     one is refused at every host (none lands while the hosts serve)."""
@@ -128,7 +101,7 @@ def _write_setting(d, lock, cluster, content=None):
 
 @pytest.mark.parametrize("setting", ["written", "unreadable"])
 def test_a_fresh_host_admits_nothing_before_its_agent(fleet, tmp_path, setting):
-    """Item 4: a host of a paused cluster restarted with an empty /dev/shm,
+    """A host of a paused cluster restarted with an empty /dev/shm,
     its servers started before its agent (they create the segment, with
     the default stale="reset"): nothing is admitted until the agent mirrors
     the cluster, also when the host setting exists but cannot be read."""
@@ -155,7 +128,7 @@ def test_a_fresh_host_admits_nothing_before_its_agent(fleet, tmp_path, setting):
 
 
 def test_a_local_resume_of_a_managed_host_is_refused(fleet):
-    """Item 7: `pyshmlock resume` on a host whose agent manages the lock
+    """`pyshmlock resume` on a host whose agent manages the lock
     refuses, naming the cluster; --force opens it, and the agent closes it
     again at its next pass."""
     c, hs = fleet(1, workers=1)

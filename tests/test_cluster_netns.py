@@ -1,4 +1,4 @@
-"""Issue 23 with real partitions: every etcd member, every host and the
+"""The cluster gate under real partitions: every etcd member, every host and the
 controller in its own network namespace (netlab.py), faults injected by
 cutting links.  The etcd runs etcd's default timings (100 ms heartbeat,
 1 s election timeout) and the agents the default TTL unless a test says
@@ -11,7 +11,8 @@ import uuid
 
 import netlab
 import pytest
-from clusterlab import Host, now, stop_hosts, wait_for
+from clusterlab import Host, now, stop_hosts
+from helpers import wait_for
 
 from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary, in_netns
 
@@ -125,9 +126,10 @@ def test_cut_off_host_fails_closed_and_rejoins(fleet, lab):
 
 
 def test_partitioned_members_close_no_host(fleet, lab):
-    """Item 8 with real partitions and the default TTL: a follower cut off
-    for 4 s, then the Raft leader cut off for 4 s (a new leader is elected
-    behind it): no host is closed for a single millisecond."""
+    """Leader changes under real partitions, with the default TTL: a
+    follower cut off for 4 s, then the Raft leader cut off for 4 s (a new
+    leader is elected behind it): no host is closed for a single
+    millisecond."""
     c, hs = fleet()
     c.resume(timeout=10)
     for h in hs:
@@ -160,9 +162,9 @@ def test_partitioned_members_close_no_host(fleet, lab):
 
 
 def test_calls_keep_their_timeouts_across_partitions(fleet, lab):
-    """Item 9 with real partitions: the controller's own member cut off,
-    then a majority cut off: every call returns or raises ClusterTimeout
-    within its timeout plus the slack."""
+    """Call timeouts under real partitions: the controller's own member cut
+    off, then a majority cut off: every call returns or raises
+    ClusterTimeout within its timeout plus the slack."""
     from pyshmlock.cluster import ClusterTimeout
     e = lab.etcd
     leader = e.leader()
@@ -190,10 +192,10 @@ def test_calls_keep_their_timeouts_across_partitions(fleet, lab):
 
 
 def test_duplicate_id_with_one_cut_off(fleet, lab, tmp_path):
-    """Item 3 as the issue found it: one agent of a pair sharing an id is
-    cut off.  The second cannot take the id while the first's registration
-    lives, so pause() never counts one host's acknowledgement for the
-    other; once it does take it, the cut-off host has paused itself."""
+    """A duplicate host id with one agent of the pair cut off.  The second
+    cannot take the id while the first's registration lives, so pause()
+    never counts one host's acknowledgement for the other; once it does
+    take it, the cut-off host has paused itself."""
     ttl = 2
     c, (a,) = fleet(["h0"], ttl=ttl)
     c.resume(timeout=10)

@@ -1,4 +1,4 @@
-"""Issue 23, item 11: TLS with a private CA, mutual TLS (client
+"""The cluster gate over TLS with a private CA, mutual TLS (client
 certificates) and etcd user authentication, end to end on real 3-member
 etcds: the Python API, the agent and the CLI; and errors that say
 "certificate" or "authentication" when that is the problem.  The

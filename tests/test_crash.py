@@ -310,7 +310,7 @@ def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
     lock.release_write()
 
 
-# ---------------------- asyncio holds, killed at random moments (issue 24)
+# ----------------------------------- asyncio holds, killed at random moments
 
 TASKS_PER_WORKER = 3
 

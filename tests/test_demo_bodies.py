@@ -1,4 +1,4 @@
-"""Issue 13, item 4: the demo server reads the JSON bodies that its own
+"""The demo server reads the JSON bodies that its own
 printed hint (`curl -d '{...}'`, no JSON content-type) sends, rejects
 unreadable ones with 4xx, and caps the body size.  A real demo server."""
 import http.client

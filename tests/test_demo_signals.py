@@ -1,4 +1,4 @@
-"""Issue 13, item 3: stopping the real `pyshmlock demo --keep-running` by a
+"""Stopping the real `pyshmlock demo --keep-running` by a
 signal to its main process (or killing it outright) stops every child and
 leaves nothing in /dev/shm."""
 import os

@@ -1,15 +1,19 @@
-"""The C fast path (csrc/fastpath/, issue 14) keeps the exact behaviour of
+"""The C fast path (csrc/fastpath/) keeps the exact behaviour of
 the Python methods it replaced: results, timeouts, errors and their messages,
 closed locks, signals during a wait; and it runs no Python frame and does not
 release the GIL when the call does not wait.  Nothing here measures speed."""
 import math
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 
 import pytest
+from conftest import unique_name
+from helpers import remove_lock
 from holders import hold_until_told
 
 import pyshmlock
@@ -469,7 +473,7 @@ def test_writer_pid_is_the_holders_own_after_fork(lock, children):
     lock.release_update()
 
 
-# ------------------------------------- Ctrl-C in every blocking wait (issue 24)
+# ---------------------------------------------- Ctrl-C in every blocking wait
 
 def _sigint_from_another_thread(delay):
     """SIGINT sent to the process while the main thread blocks it: another
@@ -490,8 +494,8 @@ def _sigint_from_another_thread(delay):
                                   "acquire_read"])
 def test_ctrl_c_taken_by_another_thread_ends_every_wait(lock, lock_name, children, call):
     """resume(), wait_resumed() and wait_drained() are interruptible by
-    Ctrl-C like the hold calls (they went through cffi before issue 24 and
-    waited on to their deadline)."""
+    Ctrl-C like the hold calls: a wait that went through cffi would not
+    notice it and would wait on to its deadline."""
     import multiprocessing as mp
     cmd = mp.get_context("fork").Queue()
     if call == "resume":                 # an update pins the pause
@@ -529,3 +533,66 @@ def test_ctrl_c_taken_by_another_thread_ends_every_wait(lock, lock_name, childre
         c.expect("released")
     if lock.paused:
         assert lock.resume(5)
+
+
+# ------------------------------------------------------------ hold objects
+
+def test_the_kept_method_type_cannot_be_instantiated():
+    kept = type(_fast.Hold.__dict__["__enter__"])
+    with pytest.raises(TypeError):
+        kept()
+
+
+# A hold object re-initialised (Hold.__init__) by another thread while its
+# __enter__ waits with the GIL released: the old lock may be freed then, and
+# the wait must not come back to it through a borrowed pointer.  Run with
+# PYTHONMALLOC=debug, so a freed object's memory is overwritten at once and a
+# use after free crashes instead of reading stale bytes.
+_REINIT_DURING_ENTER = textwrap.dedent("""
+    import gc, os, signal, sys, threading, time
+    import pyshmlock
+    from pyshmlock.lock import SyncHold
+    from pyshmlock._shmlock import lib
+    a, b = sys.argv[1], sys.argv[2]
+    try:
+        keep = pyshmlock.RWLock(a)         # keeps the attachment; holds the write
+        lk = pyshmlock.RWLock(a)
+        other = pyshmlock.RWLock(b)
+        hold = SyncHold(lk, lib.SHL_KIND_READ, 20.0)
+        signal.signal(signal.SIGUSR1, lambda *args: None)
+        keep.acquire_write()
+
+        def meddle():
+            time.sleep(0.3)                # the main thread waits in __enter__
+            hold.__init__(other, lib.SHL_KIND_READ, 20.0)
+            global lk
+            lk.reader_lock = lk.writer_lock = lk.update_lock = None
+            del lk
+            gc.collect()                   # frees lk, unless __enter__ owns a reference
+            for _ in range(20):            # EINTR: the handler runs, then a new attempt
+                time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGUSR1)
+            keep.release_write()
+
+        t = threading.Thread(target=meddle)
+        t.start()
+        hold.__enter__()                   # the read hold of lock a
+        t.join()
+        keep.release_read()
+        print("survived", flush=True)
+    finally:
+        pyshmlock.unlink(a, force=True)
+        pyshmlock.unlink(b, force=True)
+""")
+
+
+def test_hold_reinitialised_while_enter_waits_does_not_use_the_freed_lock():
+    a, b = unique_name("reinit-a"), unique_name("reinit-b")
+    env = dict(os.environ, PYTHONMALLOC="debug")
+    try:
+        p = subprocess.run([sys.executable, "-c", _REINIT_DURING_ENTER, a, b], env=env,
+                           capture_output=True, text=True, timeout=40)
+    finally:
+        for n in (a, b):
+            remove_lock(n)
+    assert p.returncode == 0 and "survived" in p.stdout, (p.returncode, p.stdout, p.stderr)

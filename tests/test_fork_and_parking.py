@@ -12,8 +12,6 @@ import time
 import pytest
 from debugger import Gdb, kill, spawn
 
-import pyshmlock
-
 pytestmark = [
     pytest.mark.timeout(120),
     pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb (.ci/run installs it)"),
@@ -95,13 +93,9 @@ def run(name, stall):
 
 
 @pytest.fixture
-def name():
-    n = f"rv-park-{os.getpid()}-{time.monotonic_ns() % 10**9}"
-    yield n
-    try:
-        pyshmlock.unlink(n, force=True)
-    except FileNotFoundError:
-        pass
+def name(lock_name):
+    """conftest's lock_name (unique, removed afterwards) under a short name."""
+    return lock_name
 
 
 def test_a_child_withdraws_a_task_parked_before_the_fork(name):

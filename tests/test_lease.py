@@ -1,6 +1,6 @@
 """The host lease (layout 2): a lock whose lease deadline passes pauses on its
 own, through the lease watchdog of every attached process, without the help
-of the process that armed it (issue 17's local fail-closed)."""
+of the process that armed it: a host fails closed on its own."""
 import os
 import signal
 import time

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import Child, unique_name
+from helpers import remove_lock
 
 import pyshmlock
 
@@ -46,10 +47,7 @@ def test_process_dying_with_thousands_of_locks_is_reclaimed_everywhere():
     finally:
         c.kill()
         for n in names:
-            try:
-                pyshmlock.unlink(n, force=True)
-            except FileNotFoundError:
-                pass
+            remove_lock(n)
 
 
 # ----------------------------------------------------------- PID namespaces

@@ -1,12 +1,12 @@
-"""Issue 13, items 1 and 2: a stale segment after every process died, and
+"""A stale segment after every process died (reset on the next open, or
+kept by policy; never while a live process pins the pause), and
 observation that attaches nothing.  Real processes, real segments."""
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 from conftest import unique_name
+from helpers import remove_lock, run_python
 
 import pyshmlock
 
@@ -15,13 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _py(code, *args, timeout=20, user=None):
     """Run code in a fresh interpreter (a process that never opened the lock)."""
-    cmd = [sys.executable, "-c", code, *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/",
-                       env=dict(os.environ, PYTHONPATH=os.path.dirname(
-                           os.path.dirname(pyshmlock.__file__))))
-    return p
+    return run_python("-c", code, *args, timeout=timeout, user=user)
 
 
 PAUSE_AND_EXIT = """
@@ -44,10 +38,7 @@ os.kill(os.getpid(), 9)
 def stale_name():
     name = unique_name("stale")
     yield name
-    try:
-        pyshmlock.unlink(name, force=True)
-    except FileNotFoundError:
-        pass
+    remove_lock(name)
 
 
 @pytest.mark.parametrize("script", [PAUSE_AND_EXIT, PAUSE_AND_CRASH], ids=["exit", "kill"])
@@ -107,6 +98,35 @@ def test_bad_stale_policy(lock_name):
         pyshmlock.RWLock(lock_name, stale="maybe")
     with pytest.raises(TypeError, match="stale"):
         pyshmlock.AsyncRWLock(lock_name, stale=None)
+
+
+
+def _pause_and_exit(q, name):
+    lk = pyshmlock.RWLock(name, stale="keep")
+    lk.pause()
+    q.put(os.getpid())
+
+
+def test_stale_reset_keeps_a_pause_pinned_by_this_process_update(lock_name, children):
+    # Invariant 4 (docs/DESIGN.md): an update claim pins the pause.  The stale
+    # reset probes every slot but its own, so an update of this very process
+    # (another thread's, or this thread's) must stop it too.
+    from pyshmlock._shmlock import lib
+    lock = pyshmlock.RWLock(lock_name)
+    c = children(_pause_and_exit, lock_name)
+    pauser = c.get()
+    assert c.join() == 0
+    assert lock.paused
+    assert lock.acquire_update(timeout=5)     # granted at once: the pause froze readers
+    try:
+        rc = lib.shl_reset_stale(lock._h, pauser)
+        assert rc == 0, "the reset cleared a pause that this process's update pins"
+        assert lock.paused
+    finally:
+        lock.release_update()
+    assert lib.shl_reset_stale(lock._h, pauser) == 1   # now it is stale: cleared
+    assert not lock.paused
+    lock.close()
 
 
 # ------------------------------------------------------------ observation

@@ -1,10 +1,13 @@
-"""The cross-process semantics of the core issue, one numbered rule at a time.
+"""The cross-process semantics of the lock, one numbered rule at a time.
 Every case has its other side in another process."""
 import os
+import signal
 import threading
 import time
 
 import pytest
+from conftest import unique_name
+from helpers import reap, wait_for
 from holders import hold_until_told, timed_acquire
 
 import pyshmlock
@@ -339,6 +342,46 @@ def test_same_thread_self_deadlock_is_an_error(lock):
     assert lock.resume(1)
 
 
+@pytest.mark.timeout(90)
+def test_would_deadlock_names_only_the_thread_that_holds(lock):
+    """Thread A takes and releases the write hold, then thread B holds it:
+    A's attempt must time out, never see B's hold as its own.  (A weakly
+    ordered CPU could show relaxed stores of the holder out of order; x86
+    cannot, so this checks the rule itself across many hand-overs.)"""
+    a_holds, b_holds, stop = threading.Event(), threading.Event(), threading.Event()
+    errors = []
+
+    def b():
+        try:
+            while not stop.is_set():
+                if a_holds.wait(0.01):
+                    continue
+                if lock.acquire_write(1):
+                    b_holds.set()
+                    time.sleep(0.0005)
+                    b_holds.clear()
+                    lock.release_write()
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=b)
+    t.start()
+    try:
+        for _ in range(300):
+            assert lock.acquire_write(2)
+            a_holds.set()
+            with pytest.raises(pyshmlock.WouldDeadlockError):
+                lock.acquire_write()         # A itself holds it: waiting forever is an error
+            a_holds.clear()
+            lock.release_write()
+            b_holds.wait(0.05)
+            lock.acquire_write(0) and lock.release_write()   # never WouldDeadlockError
+    finally:
+        stop.set()
+        t.join(10)
+    assert not errors, errors
+
+
 # ------------------------------------------- 7. max_processes and unlink
 
 def open_and_report(q, name, max_processes):
@@ -455,9 +498,66 @@ def test_fork_while_another_thread_holds_the_registry_lock(lock, lock_name, chil
         c = children(open_in_child, lock_name)
     assert c.get(timeout=10) is True
 
+def _churn(stop, errors, tag):
+    """Open fresh locks (each open attaches under the core's re-attach lock),
+    use and close them, until told to stop."""
+    try:
+        while not stop.is_set():
+            n = unique_name(tag)
+            lk = pyshmlock.RWLock(n)
+            try:
+                assert lk.acquire_read(2)
+                lk.release_read()
+            finally:
+                lk.close()
+                pyshmlock.unlink(n, force=True)
+    except BaseException as e:   # reported by the test
+        errors.append(e)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")   # fork() with threads running
+def test_fork_in_a_loop_while_other_threads_open_and_use_locks(lock):
+    """Every fork lands at a random point of the other threads' opens; the
+    child's first call re-attaches the inherited lock and must never block
+    on a process-private mutex that a vanished thread held at fork()."""
+    stop = threading.Event()
+    errors = []
+    threads = [threading.Thread(target=_churn, args=(stop, errors, f"fork{k}"))
+               for k in range(2)]
+    for t in threads:
+        t.start()
+    hung = 0
+    try:
+        for _ in range(150):
+            pid = os.fork()
+            if pid == 0:   # child: only the C core and os._exit, no pytest
+                ok = False
+                try:
+                    ok = lock.acquire_read(2)
+                    lock.release_read()
+                    n = f"{lock.name}-c{os.getpid()}"   # a fresh open in the child too
+                    lk = pyshmlock.RWLock(n)
+                    lk.close()
+                    pyshmlock.unlink(n, force=True)
+                finally:
+                    os._exit(0 if ok else 1)
+            status = reap(pid, 5.0)
+            if status is None:
+                hung += 1
+                break
+            assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors
+    assert hung == 0, "a forked child blocked forever on its first call"
+
+
 
 def test_a_slow_open_does_not_hold_up_opens_of_other_names(lock_name):
-    # Issue 15: an open of a segment whose creator has not finished waits
+    # An open of a segment whose creator has not finished waits
     # (up to 2 s) for it inside the C core; that wait must not hold the
     # process-wide registry lock, or every open of every name would queue
     # behind it.
@@ -555,3 +655,59 @@ def test_writer_waits_for_a_reader_in_a_high_slot_after_the_others_left(
     assert r.join(20) == 0 and w2.join(20) == 0
     assert lock.acquire_write(5)
     lock.release_write()
+
+
+# ------------------------------------------------ epoch wrap-around
+
+EPOCHS = 1 << 14            # width of the epoch field of the state word (layout 3)
+
+
+def _queued(lk, pid):
+    return lk.info().queued_readers.get(pid, 0)
+
+
+def read_once(q, name):
+    lk = pyshmlock.RWLock(name)
+    q.put("opened")
+    ok = lk.acquire_read(60)
+    if ok:
+        lk.release_read()
+    q.put(("read", ok))
+    lk.close()
+
+
+@pytest.mark.timeout(90)
+def test_epoch_wrap_across_one_readers_wait_does_not_deadlock(lock, lock_name, children):
+    """A reader queues at epoch E, requeues under a pause behind claim E+1,
+    and 2^14 exclusive phases pass while paused.  The first claim after
+    resume() has epoch E+1 again and waits for that reader: the reader must
+    enter, not refuse because the epoch equals its own (that would hang
+    both)."""
+    assert lock.acquire_write(5)                          # claim E
+    c = children(read_once, lock_name)
+    c.expect("opened")
+    wait_for(lambda: _queued(lock, c.pid) == 1, what="reader queued at E", interval=0.002)
+    lock.pause()
+    lock.release_write()
+    assert lock.acquire_write(5)                          # claim E+1, granted under the pause
+    # the reader sees the granted claim E+1 and requeues behind it too
+    wait_for(lambda: _queued(lock, c.pid) == 2, what="reader requeued behind E+1",
+             interval=0.002)
+    e1 = lock.info().epoch
+    os.kill(c.pid, signal.SIGSTOP)      # it must not slip in while the gate opens below
+    try:
+        for _ in range(EPOCHS - 1):     # phases E+2 .. E+2^14, all under the pause
+            lock.release_write()
+            assert lock.acquire_write(5)
+        assert lock.info().epoch == (e1 - 1) % EPOCHS
+        lock.resume()                   # a write hold does not pin the pause
+        lock.release_write()
+        # The next claim has the reader's epoch again.
+    finally:
+        os.kill(c.pid, signal.SIGCONT)
+    got = lock.acquire_write(10)
+    assert got, "the claim after wrap-around waited forever for the owed reader"
+    assert lock.info().epoch == e1
+    lock.release_write()
+    assert c.get(20) == ("read", True)
+    c.join(10)

@@ -160,7 +160,7 @@ def test_sglang_rwlock_api_is_asyncrwlock_api(sglang_aio_rwlock, adapted):
                                              inspect.signature(t))
     # the hold objects: what SGLang's callers use on them (`async with`).
     # SGLang's are coroutine functions; ours are C methods returning
-    # awaitables (issue 24: a granted `async with` runs no Python frame).
+    # awaitables (a granted `async with` runs no Python frame).
     sg = theirs()
     for name in ("reader_lock", "writer_lock"):
         t_hold, o_hold = type(getattr(sg, name)), type(getattr(ours, name))

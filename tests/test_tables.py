@@ -1,4 +1,4 @@
-"""Issue 13, item 6: the bench and demo tables fit the terminal width."""
+"""The bench and demo tables fit the terminal width."""
 import os
 import re
 import subprocess

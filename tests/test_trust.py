@@ -172,3 +172,31 @@ def test_unlink_removes_only_the_segment_it_probed(lock_name, children):
     finally:
         c.kill()
         pyshmlock.unlink(moved, force=True)
+
+
+# ------------------------------------------------ a FIFO under a lock's name
+
+def test_a_fifo_under_a_locks_name_is_refused_at_once(lock_name):
+    """Any local user can mkfifo /dev/shm/pyshmlock.X: looking at it (ls,
+    status, inspect) or opening it must not block on the FIFO."""
+    import stat
+    import subprocess
+    import sys
+    path = f"/dev/shm/pyshmlock.{lock_name}"
+    os.mkfifo(path, 0o644)
+    try:
+        assert stat.S_ISFIFO(os.stat(path).st_mode)
+        code = ("import sys, pyshmlock\n"
+                "for f in (pyshmlock.inspect, pyshmlock.RWLock):\n"
+                "    try:\n"
+                "        f(sys.argv[1])\n"
+                "    except pyshmlock.errors.ForeignSegmentError:\n"
+                "        print('refused')\n")
+        p = subprocess.run([sys.executable, "-c", code, lock_name], capture_output=True,
+                           text=True, timeout=30, cwd="/")
+        assert p.stdout.split() == ["refused", "refused"], (p.stdout, p.stderr[-2000:])
+        ls = subprocess.run([sys.executable, "-m", "pyshmlock", "ls"], capture_output=True,
+                            text=True, timeout=30, cwd="/")
+        assert "Traceback" not in ls.stderr, ls.stderr
+    finally:
+        os.unlink(path)

@@ -33,14 +33,30 @@ def test_ruff_is_clean():
     ruff = shutil.which("ruff") or os.path.join(os.path.dirname(sys.executable), "ruff")
     if not os.path.exists(ruff):
         pytest.skip("ruff is not installed (pip install '.[test]')")
-    p = run(ruff, "check", "pyshmlock", "tests", "bench", "verify", "csrc")
+    p = run(ruff, "check", ".")                    # config: pyproject.toml
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_the_linter_and_type_checker_are_the_pinned_ones():
+    """ruff and mypy are pinned exactly in the test extra, so every machine
+    checks the same rules: the ones installed are those versions."""
+    import re
+    from importlib import metadata
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        pins = dict(re.findall(r'"(ruff|mypy)==([^"]+)"', f.read()))
+    assert set(pins) == {"ruff", "mypy"}, pins
+    for tool, version in sorted(pins.items()):
+        try:
+            installed = metadata.version(tool)
+        except metadata.PackageNotFoundError:
+            pytest.skip(f"{tool} is not installed (pip install '.[test]')")
+        assert installed == version, f"{tool} {installed} installed, {version} pinned"
 
 
 def test_no_c_constant_is_copied_by_hand():
     """Bits of the state word and other C constants reach Python from
     shmlock.h through the binding (lib.SHL_*), never as literals: a copy
-    would silently disagree after a layout change (issue 15)."""
+    would silently disagree after a layout change."""
     import re
     pattern = re.compile(r"^\s*_?[A-Z][A-Z0-9_]*\s*=\s*(0[xX][0-9a-fA-F]+|\d+\s*<<)", re.M)
     found = []
@@ -53,7 +69,7 @@ def test_no_c_constant_is_copied_by_hand():
 
 
 def test_no_import_cycles_in_the_package():
-    """Module-level imports inside pyshmlock/ go one way (issue 15): aio
+    """Module-level imports inside pyshmlock/ go one way: aio
     imports the lock side, never the reverse (hooks invert the two calls
     that go back); imports under ``if TYPE_CHECKING:`` do not count."""
     import ast
@@ -92,8 +108,8 @@ def test_no_import_cycles_in_the_package():
 
 def test_the_name_to_path_rule_is_written_once():
     """A lock's name becomes its segment's path in one place, the C core's
-    shl_segment_path (pyshmlock._args.segment_path asks it); issue 24 found
-    it written out in eight."""
+    shl_segment_path (pyshmlock._args.segment_path asks it); a second
+    spelling of the rule could drift from it."""
     import re
     # a path made in code: a C format, an f-string, a prefix literal, a join
     made = re.compile(r"""pyshmlock\.%s|/pyshmlock\.\{|["']/?pyshmlock\.["']|"""

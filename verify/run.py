@@ -227,15 +227,14 @@ MUTANTS: Dict[str, Mutant] = {
     "EXPIRE_NO_RECHECK": Mutant(sessions(S, S),
                                 "an expiry takes the token without checking that it is "
                                 "pinned: it ends a session whose pinner has not set PINNED "
-                                "yet, which then stays pinned for ever (found in review)"),
+                                "yet, which then stays pinned for ever"),
     "END_CLEARS_ALWAYS": Mutant(sessions(S, U, victim=1),
                                 "a normal session end clears the suspect mark without "
                                 "comparing counts: a lost update call inside the session "
-                                "is forgotten (found in review)", quick=False),
+                                "is forgotten", quick=False),
     "RESUME_NO_WRITER_PROBE": Mutant(pair(P, W, victim=1),
                                      "resume opens the gate beside a granted writer that "
-                                     "died, before its reclaim marks the data (found in "
-                                     "review)"),
+                                     "died, before its reclaim marks the data"),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "

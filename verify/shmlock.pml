@@ -377,8 +377,9 @@ inline watched_died() {
     k = 0
 }
 
-/* shl_wait on the state word with the value `expect`, watching `wslot`
- * (slot + 1, 0 none).  Sets `changed` if the word moved first. */
+/* shl_wait on the state word with the value `expect`, watching the owner
+ * of every other slot that may hold us up (watch_all_others).  Sets
+ * `changed` if the word moved first. */
 inline wait_state(expect) {
     changed = 0;
     /* [model:WAIT_ARM_SLEEPERS] equal but for the sleeper bits: arm */

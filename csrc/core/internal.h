@@ -434,7 +434,8 @@ uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed);
 /* layouts.c: segments of other layout versions. */
 int other_layout_users(int fd, size_t size, uint32_t *layout, uint32_t *pid);
 
-/* segment.c: header validation, shared with read-only observers. */
+/* segment.c: header validation, shared with the observers (info.c), which
+ * validate a pread() copy of the header: they never map the segment. */
 size_t layout_size(uint32_t max);
 int valid_name(const char *name);
 int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max);

@@ -5,7 +5,7 @@
  * deadline the agent renews.  One lease watchdog thread per attached
  * process walks the open handles (handles.c) and
  * pauses, with the ordinary pause step, every segment whose deadline has
- * passed; shl_open does the same check; the stale reset (slots.c) keeps a
+ * passed; shl_open does the same check; the stale reset (stale.c) keeps a
  * pause while a lease is armed.  Admission and the read fast path never
  * look at the lease: a pause may be taken by any process at any moment, so
  * the protocol and its model are unchanged by it.

@@ -1,5 +1,5 @@
 """Beyond one host: a cluster-wide pause gate and update lock on etcd,
-mirrored into each host's pyshmlock lock by a host agent (issues 17, 23).
+mirrored into each host's pyshmlock lock by a host agent.
 
 See docs/DESIGN.md, "Beyond one host", for the guarantees and their proofs,
 and docs/OPERATIONS.md, "A cluster", for the runbook.  Needs a reachable

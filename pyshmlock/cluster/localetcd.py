@@ -8,7 +8,7 @@ any failure path.  One member can be killed (SIGKILL) and restarted with its
 data directory, which is how the fault tests take the Raft leader away;
 ``pause(i)``/``cont(i)`` stop and continue one (SIGSTOP/SIGCONT).
 
-Options for the tests of issue 23: ``tls`` (certificate, key, CA and
+Options for the cluster tests: ``tls`` (certificate, key, CA and
 ``client_cert_auth``: the members serve https and may demand client
 certificates), ``addrs``/``netns`` (each member on its own address inside
 its own network namespace; the health probe runs from ``probe_netns``),

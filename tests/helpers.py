@@ -1,0 +1,60 @@
+"""Small helpers that several test modules share: a bounded wait for a
+condition, a bounded wait for a forked child, removing a lock that may
+already be gone, and a fresh interpreter run with a timeout (optionally as
+another user).  Every wait has a deadline; none can hang a test."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyshmlock
+
+
+def wait_for(pred, timeout=10.0, what="condition", interval=0.02):
+    """Poll ``pred()`` every ``interval`` seconds until it is true; fail
+    (AssertionError naming ``what``) once ``timeout`` seconds have passed."""
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def reap(pid, timeout):
+    """waitpid with a deadline: the child's wait status, or None when it had
+    not exited in ``timeout`` seconds (it is SIGKILLed and reaped then)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+def remove_lock(name):
+    """Unlink lock ``name`` whoever is attached; nothing if it is gone."""
+    try:
+        pyshmlock.unlink(name, force=True)
+    except FileNotFoundError:
+        pass
+
+
+# The package under test, for children of another user (whose environment
+# would not find a package installed in root's virtual environment).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(pyshmlock.__file__))
+
+
+def run_python(*args, timeout, user=None, **kw):
+    """``python *args`` in a fresh interpreter (a process that never opened
+    the lock), started in / with the package under test on PYTHONPATH; as
+    uid and gid ``user`` with no groups (setpriv) when given.  Output is
+    captured as text; the run is bounded by ``timeout`` seconds."""
+    cmd = [sys.executable, *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd="/",
+                          env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT), **kw)
