@@ -791,7 +791,9 @@ inline resume(force) {
            atomic { cas_ok = suspect && !force };   /* [model:RESUME_SUSPECT] */
 #endif
            if
-           :: cas_ok -> cas_ok = 0; s = 0; g_pausing[me] = 0; g_stuck_pause = 1; break   /* refused */
+           /* refused: the pause is now the operator's (one step, so that no
+            * kill lands between the pauser's end and the ghost's record) */
+           :: cas_ok -> atomic { g_stuck_pause = 1; g_pausing[me] = 0; cas_ok = 0; s = 0 }; break
            :: else
            fi;
            atomic {   /* [model:RESUME_CLEAR] the CAS from the word decided on */
