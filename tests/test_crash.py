@@ -204,7 +204,7 @@ def test_slots_of_dead_processes_are_reused(lock_name):
 
 def chaos_worker(q, name, cells, index, seed):
     """Random holds; records (kind) in its own cell and checks the others.
-    A cell of a process that is dead does not count (see `conflict`)."""
+    A cell of a process marked for a kill does not count (see `doomed`)."""
     rnd = random.Random(seed)
     lk = pyshmlock.RWLock(name)
     pid = os.getpid()
@@ -237,11 +237,34 @@ def chaos_worker(q, name, cells, index, seed):
                 pass       # an updater was killed: shut until an update completes
 
 
+# The cells array: two entries per holder cell (kind, pid), then the doomed
+# list: how many pids the test has decided to kill, and those pids, each
+# written before its SIGKILL is sent.
+MAX_KILLS = 300
+DOOMED = MAX_KILLS + 16     # the final kills of every worker too
+
+
+def chaos_cells(ncells):
+    return FORK.Array("q", ncells * 2 + 1 + DOOMED, lock=False)
+
+
+def _ncells(cells):
+    return (len(cells) - 1 - DOOMED) // 2
+
+
+def doom(cells, pid):
+    """Record that `pid` is about to be SIGKILLed (before the signal: a
+    holder may enter beside its hold only once it is dead, so after this)."""
+    base = _ncells(cells) * 2
+    k = cells[base]
+    cells[base + 1 + k] = pid
+    cells[base] = k + 1
+
+
 def _enter(cells, index, pid, kind, lk, q):
     cells[index * 2 + 1] = pid
     cells[index * 2] = kind
-    n = len(cells) // 2
-    for j in range(n):
+    for j in range(_ncells(cells)):
         if j == index:
             continue
         other = cells[j * 2]
@@ -255,25 +278,23 @@ def _enter(cells, index, pid, kind, lk, q):
         bad = ((kind == 2 and other) or (kind == 3 and other in (2, 3))
                or (kind == 1 and other == 2)
                or ({kind, other} == {1, 3} and not paused))
-        if bad and conflict(cells[j * 2 + 1]):
+        if bad and not doomed(cells, cells[j * 2 + 1]):
             q.put(("violation", kind, other, paused))
 
 
-def conflict(pid):
-    """A conflicting cell counts only if its process is still alive after a
-    moment: a SIGKILLed holder's cell stays set while its hold is reclaimed."""
-    time.sleep(0.05)
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except OSError:
-        return False
+def doomed(cells, pid):
+    """A conflicting cell counts unless its process was already marked for a
+    SIGKILL when we looked: a killed holder's cell stays set while its hold
+    is reclaimed, and its death can take long (a sanitizer build's exit
+    unmaps a vast shadow memory after the kernel has released its mutex).
+    A process not yet marked is alive, so its set cell is a hold."""
+    base = _ncells(cells) * 2
+    return pid in cells[base + 1:base + 1 + cells[base]]
 
 
 def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
     nworkers = 6
-    cells = FORK.Array("q", nworkers * 2, lock=False)
+    cells = chaos_cells(nworkers)
     rnd = random.Random(1)
     workers = [Child(chaos_worker, lock_name, cells, i, i) for i in range(nworkers)]
     kills = 0
@@ -281,16 +302,19 @@ def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
         # 8 s, or longer (up to 40 s) on a loaded machine until 100 kills
         # have happened: the check below needs that many to mean anything.
         start = time.monotonic()
-        while kills < 300:
+        while kills < MAX_KILLS:
             spent = time.monotonic() - start
             if spent > 40 or (spent > 8 and kills >= 100):
                 break
             time.sleep(rnd.random() * 0.01)
             i = rnd.randrange(nworkers)
+            doom(cells, workers[i].pid)
             workers[i].kill()
             kills += 1
             workers[i] = Child(chaos_worker, lock_name, cells, i, 1000 + kills)
     finally:
+        for w in workers:
+            doom(cells, w.pid)
         for w in workers:
             w.kill()
     violations = []
@@ -365,7 +389,7 @@ def async_chaos_worker(q, name, cells, index, seed):
 
 def test_random_kills_of_asyncio_workers_never_wedge_or_break_the_lock(lock, lock_name):
     nworkers = 4
-    cells = FORK.Array("q", nworkers * TASKS_PER_WORKER * 2, lock=False)
+    cells = chaos_cells(nworkers * TASKS_PER_WORKER)
     rnd = random.Random(2)
     workers = [Child(async_chaos_worker, lock_name, cells, i, i) for i in range(nworkers)]
     every = list(workers)
@@ -374,12 +398,13 @@ def test_random_kills_of_asyncio_workers_never_wedge_or_break_the_lock(lock, loc
         # 8 s, or longer (up to 40 s) on a loaded machine or a sanitizer
         # build until 100 kills have happened (as the blocking soak above)
         start = time.monotonic()
-        while kills < 300:
+        while kills < MAX_KILLS:
             spent = time.monotonic() - start
             if spent > 40 or (spent > 8 and kills >= 100):
                 break
             time.sleep(rnd.random() * 0.02)
             i = rnd.randrange(nworkers)
+            doom(cells, workers[i].pid)
             workers[i].kill()
             kills += 1
             for c in range(i * TASKS_PER_WORKER, (i + 1) * TASKS_PER_WORKER):
@@ -387,6 +412,8 @@ def test_random_kills_of_asyncio_workers_never_wedge_or_break_the_lock(lock, loc
             workers[i] = Child(async_chaos_worker, lock_name, cells, i, 1000 + kills)
             every.append(workers[i])
     finally:
+        for w in workers:
+            doom(cells, w.pid)
         for w in workers:
             w.kill()
     reports = []
