@@ -115,7 +115,12 @@ CONFIGS = [
     Config("session, an update call of another process that may die",
            sessions(S, U, victim=1), quick=False),
     Config("session, read, pause+resume", sessions(S, R, P), quick=False),
-    Config("session, session, pause+resume", sessions(S, S, P), quick=False),
+    # A 3-bit epoch: with 2 bits the two sessions' four claims wrap it back
+    # between the resumer's look and its CAS, which then opens the gate on
+    # the expired session's data (DESIGN.md §9, "A resume whose word comes
+    # back bit for bit": 16,384 claims in C)
+    Config("session, session, pause+resume; 3-bit epoch",
+           sessions(S, S, P) + ("EPOCH_BITS=3",), quick=False),
     Config("session, read, pause+resume; the session's process may die",
            sessions(S, R, P, victim=0), quick=False),
     Config("epoch wraps in a reader's wait: read, 4 writes, pause", wrap(), quick=False),
