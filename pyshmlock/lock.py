@@ -115,26 +115,25 @@ class FencedUpdate:
         finally:
             self._hold.release()
 
-    def __enter__(self) -> "FencedUpdate":
-        self._hold.__enter__()
+    def _check_held(self) -> "FencedUpdate":
+        """The fence check once the update is held; refused: give it back."""
         try:
             self._check()
         except BaseException:
             self._hold.release()
             raise
         return self
+
+    def __enter__(self) -> "FencedUpdate":
+        self._hold.__enter__()
+        return self._check_held()
 
     def __exit__(self, *exc: Any) -> None:
         self._done(exc[0] is not None)
 
     async def __aenter__(self) -> "FencedUpdate":
         await self._hold.__aenter__()
-        try:
-            self._check()
-        except BaseException:
-            self._hold.release()
-            raise
-        return self
+        return self._check_held()
 
     async def __aexit__(self, *exc: Any) -> None:
         self._done(exc[0] is not None)

@@ -8,7 +8,6 @@
  */
 #include "fastpath.h"
 
-#include <errno.h>
 #include <stddef.h>
 #include <structmember.h>
 
@@ -61,22 +60,11 @@ static PyObject *alock_acquire_update(PyObject *self, PyObject *const *args, Py_
     return alock_acquire(self, SHL_KIND_UPDATE, args, nargs, kwnames);
 }
 
-/* Releases never wait: plain calls, as RWLock's. */
+/* Releases never wait: RWLock's own release. */
 static PyObject *alock_release(PyObject *self, int kind)
 {
     PyObject *lock = bound_lock(self);
-    if (lock == NULL)
-        return NULL;
-    if (!g_ready)
-        return not_ready(), NULL;
-    int r = release(((LockObject *)lock)->h, kind);
-    if (r == 0)
-        Py_RETURN_NONE;
-    int err = errno;
-    PyObject *name = lock_name(lock);
-    raise_rc(r, KIND[kind].release, name, err);
-    Py_XDECREF(name);
-    return NULL;
+    return lock == NULL ? NULL : lock_release(lock, kind);
 }
 
 static PyObject *alock_release_read(PyObject *self, PyObject *unused)

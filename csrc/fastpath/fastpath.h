@@ -150,6 +150,8 @@ PyObject *raise_rc(int rc, const char *what, PyObject *name, int err);
 int not_ready(void);
 PyObject *lock_name(PyObject *self);
 int release(shl_lock *h, int kind);
+/* lock.c: release `kind` of a _fast.Lock, raising the error it gives (None) */
+PyObject *lock_release(PyObject *lock, int kind);
 PyObject *kind_table(void);
 
 /* attempt.c: the attempt; awaitable.c: the attempt as an awaitable. */

@@ -105,7 +105,7 @@ static PyObject *lock_acquire_update(PyObject *self, PyObject *const *args, Py_s
     return lock_wait_kind(self, SHL_KIND_UPDATE, args, nargs, kwnames);
 }
 
-static PyObject *lock_release(PyObject *self, int kind)
+PyObject *lock_release(PyObject *self, int kind)
 {
     if (!g_ready)
         return not_ready(), NULL;
