@@ -292,37 +292,52 @@ def doomed(cells, pid):
     return pid in cells[base + 1:base + 1 + cells[base]]
 
 
-def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
-    nworkers = 6
-    cells = chaos_cells(nworkers)
-    rnd = random.Random(1)
-    workers = [Child(chaos_worker, lock_name, cells, i, i) for i in range(nworkers)]
+def kill_at_random(worker, lock_name, cells, nworkers, per_worker, seed, gap):
+    """Run `nworkers` of `worker` and SIGKILL one at random every up to `gap`
+    seconds, restarting it, for 8 s, or longer (up to 40 s) on a loaded
+    machine or a sanitizer build until 100 kills have happened: the checks
+    need that many to mean anything.  Each worker owns `per_worker` cells.
+    Returns the number of kills and what every worker reported (violations,
+    errors), the killed ones included."""
+    rnd = random.Random(seed)
+    workers = [Child(worker, lock_name, cells, i, i) for i in range(nworkers)]
+    every = list(workers)
     kills = 0
     try:
-        # 8 s, or longer (up to 40 s) on a loaded machine until 100 kills
-        # have happened: the check below needs that many to mean anything.
         start = time.monotonic()
         while kills < MAX_KILLS:
             spent = time.monotonic() - start
             if spent > 40 or (spent > 8 and kills >= 100):
                 break
-            time.sleep(rnd.random() * 0.01)
+            time.sleep(rnd.random() * gap)
             i = rnd.randrange(nworkers)
             doom(cells, workers[i].pid)
             workers[i].kill()
             kills += 1
-            workers[i] = Child(chaos_worker, lock_name, cells, i, 1000 + kills)
+            for c in range(i * per_worker, (i + 1) * per_worker):
+                cells[c * 2] = 0
+            workers[i] = Child(worker, lock_name, cells, i, 1000 + kills)
+            every.append(workers[i])
     finally:
         for w in workers:
             doom(cells, w.pid)
         for w in workers:
             w.kill()
-    violations = []
-    for w in workers:
-        while not w.q.empty():
-            violations.append(w.q.get(timeout=1))
+    reports = []
+    for w in every:
+        try:
+            while not w.q.empty():
+                reports.append(w.q.get(timeout=1))
+        except Exception:
+            pass        # a message cut by the kill
+    return kills, reports
+
+
+def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
+    kills, reports = kill_at_random(chaos_worker, lock_name, chaos_cells(6), 6, 1,
+                                    seed=1, gap=0.01)
     assert kills >= 100
-    assert violations == []
+    assert reports == []
     assert lock.resume(2, force=True)   # killed updaters may have left the data suspect
     t0 = time.monotonic()
     assert lock.acquire_write(1), "writer could not get in after the chaos"
@@ -388,41 +403,9 @@ def async_chaos_worker(q, name, cells, index, seed):
 
 
 def test_random_kills_of_asyncio_workers_never_wedge_or_break_the_lock(lock, lock_name):
-    nworkers = 4
-    cells = chaos_cells(nworkers * TASKS_PER_WORKER)
-    rnd = random.Random(2)
-    workers = [Child(async_chaos_worker, lock_name, cells, i, i) for i in range(nworkers)]
-    every = list(workers)
-    kills = 0
-    try:
-        # 8 s, or longer (up to 40 s) on a loaded machine or a sanitizer
-        # build until 100 kills have happened (as the blocking soak above)
-        start = time.monotonic()
-        while kills < MAX_KILLS:
-            spent = time.monotonic() - start
-            if spent > 40 or (spent > 8 and kills >= 100):
-                break
-            time.sleep(rnd.random() * 0.02)
-            i = rnd.randrange(nworkers)
-            doom(cells, workers[i].pid)
-            workers[i].kill()
-            kills += 1
-            for c in range(i * TASKS_PER_WORKER, (i + 1) * TASKS_PER_WORKER):
-                cells[c * 2] = 0
-            workers[i] = Child(async_chaos_worker, lock_name, cells, i, 1000 + kills)
-            every.append(workers[i])
-    finally:
-        for w in workers:
-            doom(cells, w.pid)
-        for w in workers:
-            w.kill()
-    reports = []
-    for w in every:     # a violation seen, or a worker that failed before its kill
-        try:
-            while not w.q.empty():
-                reports.append(w.q.get(timeout=1))
-        except Exception:
-            pass        # a message cut by the kill
+    kills, reports = kill_at_random(async_chaos_worker, lock_name,
+                                    chaos_cells(4 * TASKS_PER_WORKER), 4, TASKS_PER_WORKER,
+                                    seed=2, gap=0.02)
     assert kills >= 100
     assert [r for r in reports if r[0] in ("violation", "error")] == [], reports
     assert lock.resume(2, force=True)   # killed updaters may have left the data suspect
