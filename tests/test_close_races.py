@@ -64,7 +64,7 @@ def stall_watchdog_in_expiry(name):
     p1 = spawn(P1, name, "0.3")
     assert p1.stdout.readline().strip() == "ready"
     g = Gdb(p1.pid)
-    g.send("break mark_suspect")   # session_expire: after claim_ending, before unpin
+    g.send("break mark_counted")   # session_expire: after claim_ending, before unpin
     g.send("continue -a &")
     g.expect("hit Breakpoint", 10)
     state, token, pid0 = raw(name)

@@ -21,6 +21,8 @@
  */
 #include "internal.h"
 
+#include <fcntl.h>
+
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -120,7 +122,8 @@ shl_lock *handle_new(void)
      * fields before it are cleared here. */
     memset(h, 0, offsetof(struct shl_lock, inflight));
     h->prev = h->next = NULL;
-    h->self = -1;
+    atomic_store_explicit(&h->self, -1, memory_order_relaxed);
+    h->lockfd = -1;
     return h;
 }
 
@@ -155,15 +158,22 @@ void handle_recycle(shl_lock *h)
     munmap(h->hdr, h->map_size);
     h->hdr = NULL;
     h->slots = NULL;
-    h->self = -1;
+    atomic_store_explicit(&h->self, -1, memory_order_relaxed);
+    if (h->lockfd >= 0)
+        close(h->lockfd);
+    h->lockfd = -1;
     pthread_mutex_lock(&g_handles_mu);
     free_push(h);
     pthread_mutex_unlock(&g_handles_mu);
 }
 
-/* h came from handle_new and was never published. */
+/* h came from handle_new and was never published (its mapping is the
+ * caller's to undo). */
 void handle_discard(shl_lock *h)
 {
+    if (h->lockfd >= 0)
+        close(h->lockfd);
+    h->lockfd = -1;
     pthread_mutex_lock(&g_handles_mu);
     free_push(h);
     pthread_mutex_unlock(&g_handles_mu);
@@ -189,10 +199,43 @@ int handles_sweep(handle_visit fn, void *arg, int *open)
 }
 
 /*
+ * A forked child's handle must not keep its parent's liveness descriptor:
+ * an OFD lock lives as long as any descriptor of its open file description,
+ * so the parent's death would go unnoticed while the child lives.  Give the
+ * handle a new open file description of the same segment in the same
+ * descriptor number (reopened through /proc/self/fd, which names the file
+ * even if the lock's name was removed since).  Without /proc the inherited
+ * descriptor is closed and the handle cannot attach in this child
+ * (reattach: SHL_ESYS, ENOENT).  Async-signal-safe calls only.
+ */
+static void own_liveness_fd(shl_lock *h)
+{
+    if (h->lockfd < 0)
+        return;
+    char path[40] = "/proc/self/fd/";
+    char digits[12];
+    int n = 0;
+    for (unsigned v = (unsigned)h->lockfd; n == 0 || v; v /= 10)
+        digits[n++] = (char)('0' + v % 10);
+    size_t at = strlen(path);
+    while (n)
+        path[at++] = digits[--n];
+    path[at] = 0;
+    int fresh = open(path, O_RDWR | O_CLOEXEC);
+    if (fresh < 0 || dup3(fresh, h->lockfd, O_CLOEXEC) < 0) {
+        close(h->lockfd);
+        h->lockfd = -1;
+    }
+    if (fresh >= 0)
+        close(fresh);
+}
+
+/*
  * In a forked child only the forking thread exists: the parent's threads
  * that were inside a call (their in-flight counts), deciding a close
  * (H_CLOSING), or using the lists are gone.  Counts and H_CLOSING are
- * dropped (closed stays closed) and the lists rebuilt from the table.
+ * dropped (closed stays closed), the lists rebuilt from the table, and each
+ * open handle gets a liveness descriptor of its own.
  */
 void handles_after_fork(void)
 {
@@ -207,9 +250,10 @@ void handles_after_fork(void)
             uint64_t v = atomic_load_explicit(&c[i].inflight, memory_order_relaxed) &
                          ~(uint64_t)(H_COUNT | H_CLOSING);
             atomic_store_explicit(&c[i].inflight, v, memory_order_relaxed);
-            if (H_GEN(v) != 0 && !(v & H_CLOSED))
+            if (H_GEN(v) != 0 && !(v & H_CLOSED)) {
+                own_liveness_fd(&c[i]);
                 ring_insert(&c[i]);
-            else
+            } else
                 free_push(&c[i]);
         }
     }

@@ -56,8 +56,7 @@ static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot
     out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
     out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);
     out->paused_at_ns = atomic_load_explicit(&hd->paused_at_ns, memory_order_relaxed);
-    out->data_suspect = (atomic_load_explicit(&hd->flags, memory_order_relaxed) &
-                         FLAG_DATA_SUSPECT) != 0;
+    out->data_suspect = (s & ST_SUSPECT) != 0;
     out->max_processes = max;
     out->recovery_count = atomic_load_explicit(&hd->recovery_count, memory_order_relaxed);
     out->creator_pid = hd->creator_pid;
@@ -79,6 +78,7 @@ static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot
     out->lease_armed = lease != 0;
     out->lease_remaining_ns = lease ? sat_sub(lease, now) : 0;
     out->lease_pid = atomic_load_explicit(&hd->lease_pid, memory_order_relaxed);
+    out->crash_recovery = (core_platform() & SHL_PLATFORM_ROBUST) != 0;
     return SHL_OK;
 }
 
@@ -124,7 +124,7 @@ static int do_info(shl_lock *h, shl_snapshot *out)
     int32_t o = out->exclusive_slot;
     snapshot_owner(h->hdr, o < 0 ? 0 : atomic_load_explicit(&h->slots[o].pid,
                                                             memory_order_relaxed), out);
-    out->self_slot = h->self;
+    out->self_slot = self_slot(h);
     return SHL_OK;
 }
 
@@ -146,8 +146,9 @@ static int do_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
         return SHL_OK;   /* free */
     int alive = probe_slot(h, index);   /* reclaims a dead owner's holds */
     read_slot(sl, out);
-    out->alive = alive;
-    out->is_self = (int32_t)index == h->self;
+    out->alive = alive != PROBE_DEAD;
+    out->exiting = alive == PROBE_EXITING;
+    out->is_self = (int32_t)index == self_slot(h);
     return SHL_OK;
 }
 
@@ -228,6 +229,7 @@ int shl_observe_open(const char *name, shl_observer **out)
     *out = NULL;
     if (shl_segment_path(name, 0, path, sizeof path) < 0)
         return SHL_EINVAL;
+    core_init();   /* the platform check */
     /* O_NONBLOCK: anyone can mkfifo a name in /dev/shm, and opening a FIFO
      * for reading would block until a writer comes.  (No effect on a
      * regular file; pread never blocks on one.) */
@@ -284,23 +286,29 @@ void shl_observe_close(shl_observer *o)
     free(o);
 }
 
-/* Is the owner of this slot alive, judged from the mutex bytes alone?  The
- * kernel's robust-futex ABI keeps the owner's TID in the futex word while it
- * lives and, when it dies, replaces it with FUTEX_OWNER_DIED (before the
- * process becomes a zombie).  A process probing the slot holds it for a few
- * instructions, which reads as alive: an observer may call a dead owner
- * alive for that instant, never a live one dead. */
-static int observed_alive(const struct shl_slot *sl)
+/* Is the owner of slot `index` alive (PROBE_ALIVE), exiting (its keeper is
+ * gone, the process still runs: PROBE_EXITING) or dead (PROBE_DEAD), judged
+ * without locking anything?  The kernel's robust-futex ABI keeps the
+ * keeper's TID in the mutex word while it lives, and replaces it with
+ * FUTEX_OWNER_DIED when the keeper thread exits; a prober that found the
+ * process still running leaves the mutex free.  Then the process's liveness
+ * lock and /proc tell (liveness.c: the same test attached probers make).  A
+ * process probing the slot holds its mutex for a few instructions, which
+ * reads as alive: an observer may call a dead owner alive for that instant,
+ * never a live one dead. */
+static int observed_alive(const shl_observer *o, const struct shl_slot *sl, uint32_t index)
 {
 #ifdef __GLIBC__
     pthread_mutex_t *m = (pthread_mutex_t *)&sl->owner;   /* only read below */
     if (!slot_mutex_sane(m))
-        return 1;   /* not one of our mutexes: never called dead */
+        return PROBE_ALIVE;   /* not one of our mutexes: never called dead */
     uint32_t w = __atomic_load_n(mutex_word(m), __ATOMIC_ACQUIRE);
-    return (w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED);
+    if ((w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED))
+        return PROBE_ALIVE;
+    return liveness_gone(o->fd, sl, index) ? PROBE_DEAD : PROBE_EXITING;
 #else
-    (void)sl;
-    return 1;
+    (void)o; (void)sl; (void)index;
+    return PROBE_ALIVE;
 #endif
 }
 
@@ -343,7 +351,9 @@ int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
         out->pidns = 0;
         return SHL_OK;   /* free */
     }
-    out->alive = observed_alive(&sl);
+    int alive = observed_alive(o, &sl, index);
+    out->alive = alive != PROBE_DEAD;
+    out->exiting = alive == PROBE_EXITING;
     return SHL_OK;
 }
 
