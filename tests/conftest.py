@@ -1,6 +1,9 @@
 """Shared fixtures: unique lock names that are always unlinked, and bounded
 child processes.  Every wait in a test has a timeout; a child that does not
-finish in time is killed and the test fails."""
+finish in time is killed and the test fails.  The markers
+``needs_robust_futex`` and ``needs_futex_waitv`` skip a test where the
+kernel (or emulator) lacks the feature, naming what the probe found
+(kernel_features.py)."""
 import multiprocessing as mp
 import os
 import traceback
@@ -8,6 +11,7 @@ import uuid
 
 import pytest
 from helpers import remove_lock
+from kernel_features import futex_waitv_missing, robust_futexes_missing
 
 import pyshmlock
 
@@ -30,6 +34,28 @@ os.environ.setdefault("PYSHMLOCK_CSRC", os.path.join(
 collect_ignore = ["sglang_shim"]
 
 SHM_DIR = "/dev/shm"
+
+# A marker, and the probe that says why this machine cannot run its tests.
+KERNEL_FEATURES = {
+    "needs_robust_futex": (robust_futexes_missing,
+                           "needs the kernel to mark a dead owner's robust mutex "
+                           "(crash recovery)"),
+    "needs_futex_waitv": (futex_waitv_missing,
+                          "needs futex_waitv (Linux 5.16+): a waiter's death watch"),
+}
+
+
+def pytest_configure(config):
+    for marker, (_, what) in KERNEL_FEATURES.items():
+        config.addinivalue_line("markers", f"{marker}: {what}")
+
+
+def pytest_runtest_setup(item):
+    for marker, (missing, _) in KERNEL_FEATURES.items():
+        if item.get_closest_marker(marker) is not None:
+            why = missing()
+            if why:
+                pytest.skip(why)
 
 
 def unique_name(tag="t"):

@@ -121,6 +121,7 @@ def test_a_second_session_waits_for_the_first_or_times_out(lock):
     assert lock.resume(1)
 
 
+@pytest.mark.needs_robust_futex
 def test_the_beginning_process_dying_does_not_end_the_session(lock, lock_name, children):
     a = children(begin_and_report, lock_name, 30.0)
     _, token = a.get()
@@ -174,6 +175,7 @@ def test_an_update_call_that_outlives_its_sessions_expiry_clears_nothing(lock):
         lock.resume(1)
 
 
+@pytest.mark.needs_robust_futex
 def test_a_completed_session_clears_an_older_mark(lock, lock_name, children):
     c = children(hold_and_die_holding_update, lock_name)
     c.expect("updating")
@@ -193,6 +195,7 @@ def hold_and_die_holding_update(q, name):
     time.sleep(600)
 
 
+@pytest.mark.needs_robust_futex
 def test_a_lost_update_fails_closed_until_forced(lock, lock_name, children):
     c = children(hold_and_die_holding_update, lock_name)
     c.expect("updating")
@@ -263,6 +266,7 @@ def hold_and_die(q, name, kind, pause):
     time.sleep(600)
 
 
+@pytest.mark.needs_robust_futex
 @pytest.mark.parametrize("kind", ["write", "update"])
 def test_an_exclusive_holder_dead_under_a_pause_keeps_the_gate_shut(lock, lock_name,
                                                                    children, kind):
@@ -285,6 +289,7 @@ def claim_then_wait(q, name):
     lk.acquire_write(60)                 # waits for the parent's read, killed meanwhile
 
 
+@pytest.mark.needs_robust_futex
 def test_a_writer_killed_while_it_waited_for_readers_marks_nothing(lock, lock_name, children):
     """It claimed the lock but never held it: nothing was written, the loss
     is recorded as a claim and the data stays trusted."""
