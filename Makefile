@@ -2,7 +2,7 @@
 PYTHON ?= python3
 SAN_DIR := build/sanitize
 
-.PHONY: test sanitize warnings verify verify-quick fuzz wheels clean
+.PHONY: test sanitize warnings verify verify-quick fuzz glibc-layout wheels clean
 
 test:
 	pip install -q '.[test]' && pytest
@@ -52,6 +52,13 @@ fuzz:
 	  -DOPEN_WAIT_NS=0 -Icsrc -Icsrc/core csrc/core/*.c verify/fuzz_open.c -o build/fuzz_open -lpthread
 	ASAN_OPTIONS=detect_leaks=0 build/fuzz_open -max_total_time=$(FUZZ_SECONDS) \
 	  -timeout=10 -print_final_stats=1 build/fuzz-corpus
+
+# glibc's robust-mutex fields against what the core reads, on this machine
+# (tests/test_glibc_layout.py runs it; .ci/arm64 on aarch64 too).
+glibc-layout:
+	mkdir -p build
+	gcc $(CWARN) -Icsrc -Icsrc/core csrc/core/*.c verify/glibc_layout.c -o build/glibc_layout -lpthread
+	build/glibc_layout
 
 # Wheels: one cp39-abi3 wheel (CPython 3.9 and later), repaired by auditwheel
 # into a manylinux wheel for this machine's architecture (x86-64 here:
