@@ -1,5 +1,6 @@
 """Small helpers that several test modules share: a bounded wait for a
-condition, a bounded wait for a forked child, removing a lock that may
+condition (or for another process to be waiting on a lock), a bounded wait
+for a forked child, removing a lock that may
 already be gone, and a fresh interpreter run with a timeout (optionally as
 another user).  Every wait has a deadline; none can hang a test."""
 import os
@@ -19,6 +20,14 @@ def wait_for(pred, timeout=10.0, what="condition", interval=0.02):
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(interval)
+
+
+def wait_until_waiting(lock, pid, timeout=30.0):
+    """Until process ``pid`` has a thread asleep in ``lock`` (its
+    ``info().waiters``): the event a test means by "the other process is
+    waiting now", however slowly that process started."""
+    wait_for(lambda: lock.info().waiters.get(pid, 0) > 0, timeout,
+             what=f"process {pid} to wait on lock {lock.name!r}")
 
 
 def reap(pid, timeout):
