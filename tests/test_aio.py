@@ -285,16 +285,17 @@ def test_late_parked_drain_waiter_is_watched_at_once(lock_name):
         return took
 
     async def main():
-        early = [await drain_wake(False) for _ in range(3)]
-        late = [await drain_wake(True) for _ in range(3)]
-        return sorted(early)[1], min(late)
+        early = [await drain_wake(False) for _ in range(5)]
+        late = [await drain_wake(True) for _ in range(5)]
+        return sorted(early)[2], min(late)
 
     try:
         early, late = asyncio.run(main())
         # Noticed only when the helper's sleep slice ends, the late waiter
-        # would wake 80-200 ms late here.  Watched at once, it wakes like
-        # the early one.
-        assert late < max(10 * early, 0.03), (early, late)
+        # would wake 80-200 ms late here, every time.  Watched at once, it
+        # wakes like the early one (the best of five: a loaded machine
+        # delays some wake-ups by tens of ms, not all five).
+        assert late < max(10 * early, 0.06), (early, late)
     finally:
         alock.close()
         blocking.close()

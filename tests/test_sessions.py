@@ -204,9 +204,9 @@ def test_a_lost_update_fails_closed_until_forced(lock, lock_name, children):
     assert r.get() == ("refused", None)
     assert lock.paused and lock.info().data_suspect
     cli = [sys.executable, "-m", "pyshmlock", "resume", lock_name, "--timeout", "2"]
-    p = subprocess.run(cli, capture_output=True, text=True, timeout=30)
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "suspect" in p.stderr and "--force" in p.stderr
-    p = subprocess.run(cli + ["--force"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run(cli + ["--force"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert not lock.paused and not lock.info().data_suspect
 
