@@ -88,6 +88,12 @@ def _child_main(fn, q, args):
         raise
 
 
+# How long a test waits for a child's word or exit before it fails: a bound
+# for a child that hangs, far beyond what a loaded or emulated machine takes
+# to start one (a spawned interpreter under qemu-user can take over 10 s).
+CHILD_WAIT = 60.0
+
+
 class Child:
     """A forked process running fn(queue, *args); talks back over a queue."""
 
@@ -100,18 +106,18 @@ class Child:
     def pid(self):
         return self.p.pid
 
-    def get(self, timeout=10.0):
+    def get(self, timeout=CHILD_WAIT):
         item = self.q.get(timeout=timeout)
         if isinstance(item, tuple) and item and item[0] == "error":
             raise AssertionError("child failed:\n" + item[1])
         return item
 
-    def expect(self, value, timeout=10.0):
+    def expect(self, value, timeout=CHILD_WAIT):
         got = self.get(timeout)
         assert got == value, f"expected {value!r} from child, got {got!r}"
         return got
 
-    def join(self, timeout=10.0):
+    def join(self, timeout=CHILD_WAIT):
         self.p.join(timeout)
         if self.p.is_alive():
             self.p.kill()

@@ -30,15 +30,38 @@ def wait_until_waiting(lock, pid, timeout=30.0):
              what=f"process {pid} to wait on lock {lock.name!r}")
 
 
-def reap(pid, timeout):
+def threads_of(pid):
+    """Where each thread of ``pid`` is (state, kernel wait channel, system
+    call and its arguments, from /proc): what a hung process was doing."""
+    lines = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+        got = []
+        for what in ("stat", "wchan", "syscall"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/{what}") as f:
+                    text = f.read().strip()
+                got.append(text.rsplit(")", 1)[-1].split()[0] if what == "stat" else text)
+            except OSError as e:
+                got.append(f"({e.strerror})")
+        lines.append(f"thread {tid}: " + " ".join(got))
+    return "\n".join(lines)
+
+
+def reap(pid, timeout, hung=None):
     """waitpid with a deadline: the child's wait status, or None when it had
-    not exited in ``timeout`` seconds (it is SIGKILLed and reaped then)."""
+    not exited in ``timeout`` seconds (it is SIGKILLed and reaped then,
+    after its threads_of() is appended to the list ``hung`` if given)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return status
         time.sleep(0.001)
+    if hung is not None:
+        try:
+            hung.append(threads_of(pid))
+        except OSError as e:
+            hung.append(f"pid {pid}: {e}")
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     return None

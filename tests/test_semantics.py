@@ -524,7 +524,7 @@ def test_fork_in_a_loop_while_other_threads_open_and_use_locks(lock):
                for k in range(2)]
     for t in threads:
         t.start()
-    hung = 0
+    hung = []
     start = time.monotonic()
     try:
         for i in range(150):
@@ -544,9 +544,8 @@ def test_fork_in_a_loop_while_other_threads_open_and_use_locks(lock):
                     pyshmlock.unlink(n, force=True)
                 finally:
                     os._exit(0 if ok else 1)
-            status = reap(pid, 30.0)         # a blocked child never ends; a slow one does
+            status = reap(pid, 30.0, hung)   # a blocked child never ends; a slow one does
             if status is None:
-                hung += 1
                 break
             assert os.waitstatus_to_exitcode(status) == 0
     finally:
@@ -554,7 +553,7 @@ def test_fork_in_a_loop_while_other_threads_open_and_use_locks(lock):
         for t in threads:
             t.join(10)
     assert not errors, errors
-    assert hung == 0, "a forked child blocked forever on its first call"
+    assert not hung, "a forked child blocked forever on its first call:\n" + hung[0]
 
 
 
