@@ -3,7 +3,8 @@ child processes.  Every wait in a test has a timeout; a child that does not
 finish in time is killed and the test fails.  The markers
 ``needs_robust_futex`` and ``needs_futex_waitv`` skip a test where the
 kernel (or emulator) lacks the feature, naming what the probe found
-(kernel_features.py)."""
+(kernel_features.py); ``needs_native_execution("why")`` skips one that a
+user-mode emulator cannot run, saying why."""
 import multiprocessing as mp
 import os
 import traceback
@@ -11,7 +12,7 @@ import uuid
 
 import pytest
 from helpers import remove_lock
-from kernel_features import futex_waitv_missing, robust_futexes_missing
+from kernel_features import emulated, futex_waitv_missing, robust_futexes_missing
 
 import pyshmlock
 
@@ -42,6 +43,9 @@ KERNEL_FEATURES = {
                            "(crash recovery)"),
     "needs_futex_waitv": (futex_waitv_missing,
                           "needs futex_waitv (Linux 5.16+): a waiter's death watch"),
+    "needs_native_execution": (emulated,
+                               "needs the machine's own CPU: the emulator itself fails it "
+                               "(the marker's reason says how)"),
 }
 
 
@@ -52,10 +56,11 @@ def pytest_configure(config):
 
 def pytest_runtest_setup(item):
     for marker, (missing, _) in KERNEL_FEATURES.items():
-        if item.get_closest_marker(marker) is not None:
+        mark = item.get_closest_marker(marker)
+        if mark is not None:
             why = missing()
             if why:
-                pytest.skip(why)
+                pytest.skip(f"{why}; {mark.args[0]}" if mark.args else why)
 
 
 def unique_name(tag="t"):

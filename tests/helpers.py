@@ -32,7 +32,20 @@ def wait_until_waiting(lock, pid, timeout=30.0):
 
 def threads_of(pid):
     """Where each thread of ``pid`` is (state, kernel wait channel, system
-    call and its arguments, from /proc): what a hung process was doing."""
+    call and its arguments, from /proc, and the mapping its first argument
+    points into): what a hung process was doing."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            maps = [line.split(maxsplit=5) for line in f]
+    except OSError:
+        maps = []
+
+    def mapping(addr):
+        for m in maps:
+            lo, hi = (int(x, 16) for x in m[0].split("-"))
+            if lo <= addr < hi:
+                return m[5].strip() if len(m) > 5 else "anonymous"
+        return "in no mapping the process shows"
     lines = []
     for tid in sorted(os.listdir(f"/proc/{pid}/task")):
         got = []
@@ -43,6 +56,9 @@ def threads_of(pid):
                 got.append(text.rsplit(")", 1)[-1].split()[0] if what == "stat" else text)
             except OSError as e:
                 got.append(f"({e.strerror})")
+        words = got[2].split()
+        if len(words) > 1 and words[1].startswith("0x"):
+            got.append(f"[arg 1 in: {mapping(int(words[1], 16))}]")
         lines.append(f"thread {tid}: " + " ".join(got))
     return "\n".join(lines)
 

@@ -9,7 +9,10 @@ Each probe makes the system call itself (ctypes), so a test skips for what
 this machine lacks, named with the errno that showed it, and never because
 of a list of test names or a guess from the architecture.  conftest.py turns
 the answers into the ``needs_robust_futex`` and ``needs_futex_waitv``
-markers."""
+markers.  A third probe, ``emulated``, says whether a user-mode emulator
+runs this process (its CPU is not the machine's): the
+``needs_native_execution`` marker skips a test that such an emulator itself
+cannot run reliably."""
 import ctypes
 import errno
 import functools
@@ -72,7 +75,32 @@ def futex_waitv_missing() -> Optional[str]:
             "death watch")
 
 
+# What /proc/cpuinfo shows of each architecture's CPUs (the kernel's own
+# text: x86 names a vendor_id, arm64 a "CPU implementer").
+_CPUINFO_MARK = {"x86_64": "vendor_id", "aarch64": "CPU implementer"}
+
+
+@functools.cache
+def emulated() -> Optional[str]:
+    """Why this process runs under a user-mode emulator, or None when it runs
+    on the machine's own CPU: the kernel's /proc/cpuinfo describes CPUs of
+    another architecture than the one this interpreter was built for (qemu-user
+    passes the host's /proc/cpuinfo through on aarch64)."""
+    mine = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return None
+    for arch, mark in _CPUINFO_MARK.items():
+        if arch != mine and mark in text and _CPUINFO_MARK.get(mine, "\0") not in text:
+            return (f"runs emulated: this is {mine} code, the kernel's CPUs are {arch} "
+                    "(a user-mode emulator such as qemu-user)")
+    return None
+
+
 if __name__ == "__main__":
     print(f"{platform.machine()} kernel {platform.release()}")
     print("robust futexes:", robust_futexes_missing() or "yes")
     print("futex_waitv:", futex_waitv_missing() or "yes")
+    print("native:", emulated() or "yes")
