@@ -14,7 +14,10 @@ CWARN = -std=gnu11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror
 # In the core and the fast path, every function that is not static has its
 # prototype in shmlock.h (the API), core/internal.h or fastpath/fastpath.h
 # (hidden): nothing is exported by accident (-Wmissing-prototypes).
+# The ordering lint (verify/ordering_lint.py) runs with them: every model
+# step seq_cst, every atomic's order written out, every weaker one explained.
 warnings:
+	$(PYTHON) verify/ordering_lint.py
 	for c in csrc/*.c; do gcc $(CWARN) -I$(PY_INCLUDE) -Icsrc -c $$c -o /dev/null || exit 1; done
 	for c in csrc/fastpath/*.c; do gcc $(CWARN) -Wmissing-prototypes -I$(PY_INCLUDE) -Icsrc -Icsrc/fastpath -c $$c -o /dev/null || exit 1; done
 	for c in csrc/core/*.c; do gcc $(CWARN) -Wmissing-prototypes -Icsrc -Icsrc/core -c $$c -o /dev/null || exit 1; done

@@ -308,7 +308,7 @@ def run_spin(defines: Tuple[str, ...], exhaustive: bool, timeout: float,
         cflags += [] if reduce else ["-DNOREDUCE"]
         cflags += ["-DCOLLAPSE"] if exhaustive else ["-DBITSTATE"]
         subprocess.run(["gcc", *cflags, "-o", "pan", "pan.c"], cwd=work, check=True,
-                       capture_output=True, text=True, timeout=120, env=env)
+                       capture_output=True, text=True, timeout=900, env=env)
         # bitstate: the largest power-of-two bit array in 3/4 of the memory
         bits = max(27, min(40, int(math.log2(memory_mb * 0.75 * 8 * 2 ** 20))))
         args = ["./pan", "-m4000000", *pan_args] + ([] if exhaustive else [f"-w{bits}"])

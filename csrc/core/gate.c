@@ -109,6 +109,7 @@ int try_wait_resumed(shl_lock *h, shl_waiter *w)
 int do_pause(shl_lock *h)
 {
     struct shl_header *hd = h->hdr;
+    /* relaxed: only the CAS's expected value (the CAS decides, seq_cst) */
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
     for (;;) {
         if (s & ST_PAUSED)
@@ -116,7 +117,7 @@ int do_pause(shl_lock *h)
         /* seq_cst: pairs with try_read's increment-then-load; a reader whose
          * load comes later in the total order sees PAUSED. */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PAUSED,
-                                                  memory_order_seq_cst, memory_order_relaxed)) /* [model:PAUSE_SET] */
+                                                  memory_order_seq_cst, memory_order_seq_cst)) /* [model:PAUSE_SET] */
             break;
     }
     atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);

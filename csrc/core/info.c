@@ -105,6 +105,7 @@ static void read_slot(const struct shl_slot *sl, shl_slot_snapshot *out)
 /* One entry of the recovery log. */
 static void read_recovery(const struct shl_recovery_entry *e, shl_recovery_record *out)
 {
+    /* relaxed: a log entry for display (record_recovery) */
     out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
     out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
     out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
@@ -172,6 +173,7 @@ int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 
 static int do_is_paused(shl_lock *h)
 {
+    /* acquire: a caller that sees the gate open sees what its resumer wrote */
     return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
 }
 
@@ -184,6 +186,7 @@ uint32_t shl_load_state(shl_lock *h)
 {
     if (enter(&h) != SHL_OK)
         return 0;
+    /* acquire, as do_is_paused */
     uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
     leave(h);
     return v;
@@ -249,6 +252,7 @@ int shl_observe_open(const char *name, shl_observer **out)
         r = SHL_EFOREIGN;
     else
         r = observe_read(&probe, &hd, sizeof hd, 0);
+    /* relaxed: a copy's field (the fence below orders our later loads) */
     if (r == SHL_OK && atomic_load_explicit(&hd.ready, memory_order_relaxed) != SHL_READY) {
         r = (hd.magic != 0 && hd.magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
     } else if (r == SHL_OK) {
@@ -256,7 +260,8 @@ int shl_observe_open(const char *name, shl_observer **out)
          * release (init_segment).  A kernel copy gives no formal ordering,
          * so the second copy is what counts, and it is fully validated:
          * a stale or torn header is a clear error, never an unsafe access.
-         * The fence keeps our own loads of it after the check above. */
+         * The acquire fence keeps our own loads of it after the check
+         * above. */
         atomic_thread_fence(memory_order_acquire);
         r = observe_read(&probe, &hd, sizeof hd, 0);
         if (r == SHL_OK)
@@ -302,6 +307,7 @@ static int observed_alive(const shl_observer *o, const struct shl_slot *sl, uint
     pthread_mutex_t *m = (pthread_mutex_t *)&sl->owner;   /* only read below */
     if (!slot_mutex_sane(m))
         return PROBE_ALIVE;   /* not one of our mutexes: never called dead */
+    /* acquire: of a copy, a formality (the copy's bytes are ours) */
     uint32_t w = __atomic_load_n(mutex_word(m), __ATOMIC_ACQUIRE);
     if ((w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED))
         return PROBE_ALIVE;

@@ -133,50 +133,63 @@ struct shl_header {
     _Alignas(64) _Atomic uint32_t state;       /* the gate; own cache line */
     _Alignas(64) _Atomic uint32_t drain_seq;   /* bumped when readers leave */
     _Alignas(64) _Atomic uint32_t marks;       /* data-suspect marks made (wraps) */
+    /* Who paused, when, how often; the granted exclusive holder's pid; the
+     * recovery log's count.  For info(), the stale policy and the recovery
+     * log: relaxed, each read after the seq_cst load of the state word
+     * that the snapshot or the decision is made on (no decision of the
+     * protocol depends on them alone). */
     _Atomic uint32_t paused_by_pid;
-    _Atomic uint32_t pause_count;
-    _Atomic uint32_t exclusive_pid;
-    _Atomic uint64_t paused_at_ns;
-    _Atomic uint32_t recovery_count;
+    _Atomic uint32_t pause_count;       /* relaxed: see above */
+    _Atomic uint32_t exclusive_pid;     /* relaxed: see above */
+    _Atomic uint64_t paused_at_ns;      /* relaxed: see above */
+    _Atomic uint32_t recovery_count;    /* relaxed: see above */
     struct shl_recovery_entry recoveries[SHL_RECOVERY_LOG];
     /* Host lease (used by the cluster agent; kept at the end of the header).
      * While nonzero, a CLOCK_MONOTONIC deadline that the agent renews.  Once
      * it has passed, the lease watchdog of every attached process pauses the
      * gate (fail closed) with the existing pause step.  0: no lease. */
     _Alignas(64) _Atomic int64_t lease_deadline_ns;
-    _Atomic uint32_t lease_pid;         /* who armed it (observability) */
-    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
+    _Atomic uint32_t lease_pid;         /* who armed it (observability: relaxed) */
+    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed (relaxed) */
     /* Update session (layout 3; protocol.c "Update sessions").  The state
      * word's PINNED bit says whether a session exists; these say which one
      * (the token) and until when.  Written by the pinner, under its update
      * hold, before it sets PINNED. */
     _Alignas(64) _Atomic uint64_t session_token;
-    _Atomic int64_t session_deadline_ns;   /* CLOCK_MONOTONIC */
-    _Atomic uint64_t session_began_ns;     /* CLOCK_REALTIME */
-    _Atomic uint32_t session_pid;          /* who began it (observability) */
-    _Atomic uint32_t session_count;        /* sessions begun: part of each token */
-    _Atomic uint32_t session_expiries;
-    _Atomic uint32_t session_marks;        /* the mark count when it began */
+    /* The session's fields, written before its token (a release store) and
+     * read after the token (acquire): relaxed. */
+    _Atomic int64_t session_deadline_ns;   /* CLOCK_MONOTONIC; relaxed: see above */
+    _Atomic uint64_t session_began_ns;     /* CLOCK_REALTIME; relaxed: see above */
+    _Atomic uint32_t session_pid;          /* who began it (observability); relaxed */
+    _Atomic uint32_t session_count;        /* sessions begun, part of each token; relaxed:
+                                              only its uniqueness matters (an RMW) */
+    _Atomic uint32_t session_expiries;     /* observability; relaxed */
+    _Atomic uint32_t session_marks;        /* the mark count when it began; relaxed: see above */
     /* Fencing at the host (cluster): the highest fleet update token seen
      * (only rises) and the token of the last completed fenced update. */
-    _Atomic uint64_t fence;
-    _Atomic uint64_t applied;
+    _Atomic uint64_t fence;     /* relaxed: compared by fenced updates under the update hold */
+    _Atomic uint64_t applied;   /* relaxed: written under the update hold, read for display */
 };
 
 struct shl_slot {
     pthread_mutex_t owner;          /* robust + pshared, held by the owner's keeper */
+    /* The owner's pid (display, and with start_ticks its /proc identity):
+     * relaxed, written by the owner while its keeper holds the slot's
+     * mutex, read by whoever holds it next (the mutex orders them) or for
+     * display. */
     _Atomic uint32_t pid;
     _Atomic uint32_t readers;       /* read holds + transient admission attempts */
     _Atomic uint32_t rwait[2];      /* owed readers, by parity of the epoch queued behind */
-    _Atomic uint32_t waiting;       /* threads asleep in shl_wait (observability) */
-    _Atomic uint64_t attached_at_ns;
+    _Atomic uint32_t waiting;       /* threads asleep in shl_wait (observability: relaxed) */
+    _Atomic uint64_t attached_at_ns;  /* observability: relaxed */
     /* Who the owner is, for liveness.c's /proc look (and for display): the
      * inodes of its PID and time namespaces and its start time (clock ticks
      * after boot, /proc/<pid>/stat field 22; 0 unknown).  Written by the
-     * owner while it holds the slot's mutex, before anyone may probe it. */
-    _Atomic uint64_t pidns;
-    _Atomic uint64_t timens;
-    _Atomic uint64_t start_ticks;
+     * owner while it holds the slot's mutex, before anyone may probe it:
+     * relaxed, like pid. */
+    _Atomic uint64_t pidns;         /* relaxed: see above */
+    _Atomic uint64_t timens;        /* relaxed: see above */
+    _Atomic uint64_t start_ticks;   /* relaxed: see above */
 } __attribute__((aligned(64)));
 
 struct shl_lock {
@@ -210,7 +223,9 @@ struct shl_lock {
     /* The handle's generation (high 32 bits: a token names exactly one),
      * H_CLOSED, H_CLOSING and the calls inside the core on it (low 30
      * bits).  See enter(): close() starts only by moving this word from
-     * (generation, 0) to (generation, H_CLOSING). */
+     * (generation, 0) to (generation, H_CLOSING).  Orders (enter()): its
+     * acquire CAS and leave()'s release order every call's accesses before
+     * close()'s acquire CAS; plain reads of it are relaxed (a CAS checks). */
     _Atomic uint64_t inflight;
     /* handles.c: where it sits in the table, and the open or free list it
      * is on (under g_handles_mu). */
@@ -308,7 +323,9 @@ static inline int32_t owner_index(const shl_lock *h, uint32_t s)
 _Static_assert(sizeof(void *) == 8, "tokens are 64-bit: index and generation");
 
 #pragma GCC visibility push(hidden)
-extern _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
+extern _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];   /* release when a chunk is
+                                           published, acquire in handle_of (relaxed in a forked
+                                           child, which has one thread) */
 #pragma GCC visibility pop
 
 static inline uint32_t token_gen(const shl_lock *token)
@@ -411,7 +428,9 @@ int handles_sweep(handle_visit fn, void *arg, int *open);   /* open handles, und
 void handles_after_fork(void);
 
 /* process.c: this process's attachments and fork generation. */
-extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child */
+extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child; relaxed: compared
+                                            with a handle's fork_gen, which carries the
+                                            order (release after self, acquire before) */
 void core_init(void);                    /* once per process: the fork handler, the platform */
 uint32_t core_platform(void);            /* SHL_PLATFORM_* (after core_init) */
 int reattach(shl_lock *h);               /* ensure_attached's slow path */

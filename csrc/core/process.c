@@ -333,6 +333,8 @@ static void raise_slots_hwm(shl_lock *h, uint32_t i)
 static int take_slot(shl_lock *h, uint32_t i, int r)
 {
     struct shl_slot *sl = &h->slots[i];
+    /* relaxed: we hold the slot's mutex; a claim naming it was made before
+     * its owner died (the mutex orders it), or is corruption */
     int named = owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1;
     /* (A free mutex with a pid: an exiting owner whose slot a prober gave
      * back; slots.c, probe_slot.) */

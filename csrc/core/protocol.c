@@ -341,6 +341,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
 {
     struct shl_header *hd = h->hdr;
     if (!w->claimed) {
+        /* relaxed: only the claim CAS's expected value (it decides) */
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
         uint32_t ns, marks;
         for (;;) {
@@ -358,7 +359,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
              * while this claim drains or holds keeps the data suspect past
              * its release (see release_exclusive).  relaxed: a stale count
              * only keeps a mark that this section might have cleared. */
-            marks = atomic_load_explicit(&hd->marks, memory_order_relaxed); /* [model:CLAIM_MARKS] */
+            marks = atomic_load_explicit(&hd->marks, memory_order_seq_cst); /* [model:CLAIM_MARKS] */
             if (w->kind == SHL_KIND_UPDATE) {
                 ns |= ST_UPDATE;
                 if (s & ST_PAUSED)
@@ -366,7 +367,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
             }
             /* seq_cst: writer half of the Dekker pair with try_read. */
             if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                      memory_order_relaxed)) /* [model:EXCL_CLAIM] */
+                                                      memory_order_seq_cst)) /* [model:EXCL_CLAIM] */
                 break;
         }
         /* Only the winner of the claim keeps its marks (process-local; read
@@ -479,7 +480,7 @@ static int do_release_read(shl_lock *h)
         }
         /* seq_cst: release half of the drain handshake (see wake_drainers). */
     } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
-                                                    memory_order_seq_cst, memory_order_relaxed)); /* [model:RELEASE_READ] */
+                                                    memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
     if (c == 1)
         wake_drainers(h);
     return SHL_OK;

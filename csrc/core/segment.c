@@ -76,6 +76,8 @@ int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
         return SHL_ECORRUPT;
     if (st_size != layout_size(m))
         return SHL_ESIZE;
+    /* relaxed: a bounds check of a value that is checked again wherever
+     * it is used (owner_index) */
     if (owner_of(atomic_load_explicit(&hd->state, memory_order_relaxed)) > m)
         return SHL_ECORRUPT;
     *max = m;
@@ -99,6 +101,7 @@ static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
          * already passed, so no opener admits anything (and the stale reset
          * keeps the pause) until the host's agent has mirrored the cluster
          * and armed a lease of its own. */
+        /* relaxed, like every field here: published by READY's release */
         atomic_store_explicit(&hd->state, ST_PAUSED, memory_order_relaxed);
         atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);
         atomic_store_explicit(&hd->paused_at_ns, real_ns(), memory_order_relaxed);
@@ -132,6 +135,7 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
             if (p == MAP_FAILED)
                 return SHL_ESYS;
             struct shl_header *hd = p;
+            /* acquire: pairs with the creator's release store of READY */
             if (atomic_load_explicit(&hd->ready, memory_order_acquire) == SHL_READY) {
                 int r = validate_header(hd, len, max);
                 if (r != SHL_OK) {
@@ -528,7 +532,7 @@ static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64
  */
 static int unlink_exactly(const char *name, const struct stat *probed)
 {
-    static _Atomic uint32_t seq;
+    static _Atomic uint32_t seq;   /* relaxed: only makes names unique in this process */
     char path[SHL_PATH_MAX], tmp[96];
     shl_segment_path(name, 1, path, sizeof path);
     int moved = -1;

@@ -106,7 +106,7 @@ int session_expire(shl_lock *h)
         return 0;
     /* acquire: pairs with session_pin's release store of the token, so
      * the deadline read is that session's (written before the token). */
-    uint64_t token = atomic_load_explicit(&hd->session_token, memory_order_acquire); /* [model:SESSION_EXPIRE_TOKEN] */
+    uint64_t token = atomic_load_explicit(&hd->session_token, memory_order_seq_cst); /* [model:SESSION_EXPIRE_TOKEN] */
     int64_t d = atomic_load_explicit(&hd->session_deadline_ns, memory_order_relaxed);
     if (token == 0 || (token & TOKEN_ENDING) || mono_ns() < d)
         return 0;
@@ -190,6 +190,8 @@ static int do_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token)
                           memory_order_relaxed);
     atomic_store_explicit(&hd->session_began_ns, real_ns(), memory_order_relaxed);
     atomic_store_explicit(&hd->session_pid, h->pid, memory_order_relaxed);
+    /* relaxed: no mark can be made while we hold the update hold (a mark
+     * ends a held exclusive section or a session: neither can run now) */
     atomic_store_explicit(&hd->session_marks,
                           atomic_load_explicit(&hd->marks, memory_order_relaxed),
                           memory_order_relaxed);
@@ -201,7 +203,7 @@ static int do_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token)
     /* seq_cst: ordered with resume's load; PAUSED cannot be clear here
      * (our update hold pins it), and nobody else sets PINNED. */
     while (!atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PINNED, /* [model:SESSION_PIN] */
-                                                  memory_order_seq_cst, memory_order_relaxed)) {
+                                                  memory_order_seq_cst, memory_order_seq_cst)) {
     }
     *token = t;
     return SHL_OK;

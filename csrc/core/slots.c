@@ -82,6 +82,7 @@ int slot_mutex_sane(const pthread_mutex_t *m)
     /* The reference kind, computed once (pthread_once orders its write
      * before every caller's read: threads may probe at the same time). */
     pthread_once(&g_mutex_kind_once, read_mutex_kind);
+    /* relaxed: a field fixed at the mutex's initialisation */
     return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == g_mutex_kind;
 #else
     (void)m;
@@ -120,6 +121,8 @@ void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
      * before use, whatever value the segment holds. */
     uint32_t n = atomic_fetch_add_explicit(&hd->recovery_count, 1, memory_order_relaxed);
     struct shl_recovery_entry *e = &hd->recoveries[n % SHL_RECOVERY_LOG];
+    /* relaxed: a log entry for display (a reader may see a torn entry
+     * while another is written over it: only what info() shows) */
     __atomic_store_n(&e->pid, pid, __ATOMIC_RELAXED);
     __atomic_store_n(&e->what, what, __ATOMIC_RELAXED);
     __atomic_store_n(&e->reads, reads, __ATOMIC_RELAXED);
@@ -228,7 +231,9 @@ int probe_slot(shl_lock *h, uint32_t i)
      * consistent; the mutex is useless and is made anew below).  Something
      * to reclaim: a keeper that died, a claim or counts left, or a pid left
      * in a free slot (an exiting process whose slot a prober gave back:
-     * cleared once it is gone, so that nobody watches the slot for ever). */
+     * cleared once it is gone, so that nobody watches the slot for ever).
+     * The state word relaxed: a claim of slot i was made by its owner
+     * before the mutex we hold now passed to us (which orders it). */
     int leftovers = r != 0 ||
                     owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1 ||
                     !slot_is_clean(sl) || atomic_load_explicit(&sl->pid, memory_order_relaxed) != 0;

@@ -24,7 +24,7 @@
 
 /* Set for good the first time futex_waitv (Linux 5.16) turns out missing
  * although the platform check found it (a seccomp filter, say). */
-static _Atomic int g_waitv_failed;
+static _Atomic int g_waitv_failed;   /* relaxed: a hint; a stale 0 costs one ENOSYS */
 
 static int have_waitv(void)
 {
@@ -52,6 +52,8 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
      * sets FUTEX_OWNER_DIED when the owner dies, waking one waiter if
      * FUTEX_WAITERS is set.  We set that bit so a death wakes us. */
     uint32_t *word = mutex_word(&h->slots[i].owner);
+    /* acquire: a word seen OWNER_DIED or free orders the dead keeper's (or
+     * the closer's) last writes to the slot before our probe of it. */
     uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if ((cur & FUTEX_TID_MASK) == 0 || (cur & FUTEX_OWNER_DIED))   /* [model:DEATH_WATCH] */
         return 1;
@@ -76,6 +78,7 @@ static int keeper_holds(shl_lock *h, uint32_t i)
 #ifdef __GLIBC__
     if (!slot_mutex_sane(&h->slots[i].owner))
         return 1;
+    /* acquire, as in arm_death_watch */
     uint32_t cur = __atomic_load_n(mutex_word(&h->slots[i].owner), __ATOMIC_ACQUIRE);
     return (cur & FUTEX_TID_MASK) != 0 && !(cur & FUTEX_OWNER_DIED);
 #else
@@ -97,13 +100,13 @@ static int keeper_holds(shl_lock *h, uint32_t i)
 int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
 {
     int n = 0;
-    /* [model:WATCH_OWNER] The slot the state word names as exclusive owner
-     * comes first, free or not, so the cap never drops it.  A claim or hold
-     * naming a free slot (its owner detached, or a corrupt word) is then
-     * probed at once (its mutex word has no owner) and reclaimed by
-     * probe_slot: no claim can name a slot that nobody watches. */
+    /* The slot the state word names as exclusive owner comes first, free
+     * or not, so the cap never drops it.  A claim or hold naming a free
+     * slot (its owner detached, or a corrupt word) is then probed at once
+     * (its mutex word has no owner) and reclaimed by probe_slot: no claim
+     * can name a slot that nobody watches. */
     int32_t self = self_slot(h);
-    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_relaxed));
+    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_seq_cst)); /* [model:WATCH_OWNER] */
     if (o >= 0 && o != self && n < cap)
         watch[n++] = o;
     /* Slots at or above the high-water mark were never attached, so they
