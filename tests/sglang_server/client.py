@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import httpx
 
-from .servers import Proc, Server
+from .servers import NAMES, Proc, Server
 
 CALL_TIMEOUT = 15.0
 
@@ -28,7 +28,7 @@ class Client:
         await self.http.aclose()
 
     def w(self, name: str) -> Proc:
-        return self.server.workers["ABCDEFGH".index(name)]
+        return self.server.workers[NAMES.index(name)]
 
     async def post(self, worker: str, path: str, body: Dict[str, Any],
                    timeout: float = CALL_TIMEOUT,

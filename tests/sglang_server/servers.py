@@ -22,7 +22,7 @@ import httpx
 
 INSIDE = Path(__file__).resolve().parent / "inside"
 START_TIMEOUT = 240.0
-NAMES = "ABCDEFGH"
+NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def free_port() -> int:
@@ -84,13 +84,15 @@ class Server:
                    TMPDIR=str(self.dir))
         return env
 
-    def _spawn(self, name: str, script: str, *args: str, port: Optional[int] = None) -> Proc:
+    def _spawn(self, name: str, script: str, *args: str, port: Optional[int] = None,
+               env: Optional[Dict[str, str]] = None) -> Proc:
         ready = self.dir / f"{name}.ready"
         log = self.dir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen([self.python, str(INSIDE / script), *args],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=INSIDE,
-                                     env=self._env(), stdin=subprocess.DEVNULL)
+                                     env={**self._env(), **(env or {})},
+                                     stdin=subprocess.DEVNULL)
         proc = Proc(name, popen, ready, log, port)
         self.procs.append(proc)
         return proc
@@ -136,12 +138,15 @@ class Server:
         for w in self.workers:
             self.warm_up(w)
 
-    def start_worker(self, wait: bool = True) -> Proc:
+    def start_worker(self, wait: bool = True, lock_name: Optional[str] = None) -> Proc:
+        """Start one more worker; `lock_name` gives it a lock of its own
+        (PYSHMLOCK_SGLANG_LOCK) instead of the server's."""
         index = len(self.workers)
         port = free_port()
         name = f"worker-{NAMES[index]}"
+        env = None if lock_name is None else {"PYSHMLOCK_SGLANG_LOCK": lock_name}
         proc = self._spawn(name, "worker.py", self.args, str(port),
-                           str(self.dir / f"{name}.ready"), self.backend, port=port)
+                           str(self.dir / f"{name}.ready"), self.backend, port=port, env=env)
         self.workers.append(proc)
         if wait:
             self._wait_ready([proc], START_TIMEOUT)
@@ -156,6 +161,9 @@ class Server:
                 worker.popen.wait(timeout=8)
             except subprocess.TimeoutExpired:
                 self.kill(worker)
+
+    def name_of(self, worker: Proc) -> str:
+        return NAMES[self.workers.index(worker)]
 
     def warm_up(self, worker: Proc) -> None:
         r = httpx.post(self.url(worker, "/generate"), timeout=30,

@@ -30,7 +30,7 @@ def test_continue_refuses_after_the_updater_died_until_recovered(fresh, request,
             strict=True, reason="needs resume() raising DataSuspectError (from main)"))
     extra = fresh.start_worker()
     fresh.warm_up(extra)
-    name = "ABCDEFGH"[fresh.workers.index(extra)]
+    name = fresh.name_of(extra)
 
     async def body() -> List[str]:
         async with Client(fresh) as c:

@@ -109,6 +109,28 @@ def make_app(args: Dict[str, Any], ready_path: str, backend: str) -> Any:
         return ORJSONResponse({"success": success, "message": message},
                               status_code=200 if success else 400)
 
+    @app.get("/model_info")
+    async def model_info() -> Dict[str, Any]:
+        # SGLang's /model_info (and deprecated /get_model_info): the fields a
+        # client reads the served weights from, read the same way.
+        return {"model_path": tm().model_path, "served_model_name": tm().served_model_name,
+                "weight_version": tm().config_value("weight_version"),
+                "load_format": tm().config_value("load_format")}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(obj: Annotated[io.UpdateWeightVersionReqInput, Body()],
+                                    request: Request) -> Any:
+        if obj.abort_all_requests:
+            tm().abort_request(abort_all=True)
+        try:
+            await tm().update_weight_version(obj)
+            return ORJSONResponse({"success": True, "new_version": obj.new_version,
+                                   "message": f"Weight version updated to {obj.new_version}"})
+        except Exception as e:
+            return ORJSONResponse({"success": False,
+                                   "message": f"Failed to update weight version: {e!s}"},
+                                  status_code=400)
+
     @app.post("/begin_weight_update")
     async def begin_weight_update(obj: Annotated[io.BeginWeightUpdateReqInput, Body()],
                                   request: Request) -> Any:
