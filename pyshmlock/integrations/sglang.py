@@ -10,38 +10,58 @@
 * ``is_pause`` (read by ``/ready``, the health paths and the gRPC bridge)
   reports the shared gate, so a worker started while paused says so;
 * ``pause_generation`` pauses the shared gate before anything else, then
-  runs SGLang's own pause (router broadcast, scheduler message, and in
-  abort mode the drain, which now sees the requests of every worker);
+  sends SGLang's pause (router broadcast, scheduler message); in abort mode
+  it aborts and waits with ``wait_drained()`` until no request of any
+  worker is left, returning the moment the last one ends;
 * ``continue_generation`` first waits while an update or an update session
-  holds the pause (``await lock.resume()``), then runs SGLang's own continue;
+  holds the pause (``await lock.resume()``), then sends SGLang's continue;
+* a multi-tokenizer worker waits for the router's broadcast of each of its
+  pause and continue calls in a queue of its own, so a pause and a
+  continue that land together both return (SGLang #33696);
 * every weight-update path runs under ``update_lock``: unpaused it drains the
   requests of every worker, paused it skips the frozen ones and pins the
   pause; an update that carries the fleet's update token (header
   ``X-Pyshmlock-Fence``, from a ``pyshmlock.cluster`` controller) runs under
   ``fenced_update(token)`` and is refused at this host if a newer update is
   known here; ``begin_weight_update`` opens an update session on the lock and
-  ``end_weight_update`` closes it, so a continue in between waits.
+  ``end_weight_update`` closes it, so a continue in between waits;
+* the weights a server serves (``weight_version``, ``model_path``,
+  ``served_model_name``, ``load_format``) are one shared record, so every
+  worker reports the last update's (SGLang #39520);
+* the last worker of a server to stop cleanly removes the lock's segment
+  and that record.
 
 SGLang's own communicators and bookkeeping are called unchanged; only the
-choice of lock differs (docs/sglang.md lists the lines an upstream change
-would touch).  ``python -m pyshmlock.integrations.sglang ARGS`` runs
-``sglang.launch_server ARGS`` with the integration in every tokenizer process.
+choice of lock differs.  ``python -m pyshmlock.integrations.sglang ARGS``
+runs ``sglang.launch_server ARGS`` with the integration in every tokenizer
+process; ``--check`` says whether the installed SGLang would be accepted.
+contrib/sglang/ holds the upstream change that makes this patching
+unnecessary (a pluggable lock in SGLang itself).
 """
 
 import asyncio
+import atexit
+import collections
 import importlib
 import logging
 import os
 import re
 import sys
 import threading
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from ..aio import AsyncRWLock
 from ..cluster._keys import FENCE_HEADER
-from ..errors import FencingError
+from ..errors import FencingError, LockInUseError
+from . import _sglang_targets as targets
+from ._sglang_record import ServedWeights
+from ._sglang_targets import CONTROL as _CONTROL
+from ._sglang_targets import MULTI as _MULTI
+from ._sglang_targets import PATCHED
+from ._sglang_targets import TM as _TM
 
 __all__ = [
+    "ABORT_RESEND_SECONDS",
     "DEFAULT_APP_PATH",
     "ENV_APP_PATH",
     "ENV_LOCK_NAME",
@@ -51,11 +71,13 @@ __all__ = [
     "PATCHED",
     "SGLANG_APP_PATH",
     "TESTED_VERSIONS",
-    "USED",
+    "Check",
     "IncompatibleSGLangError",
     "SharedGateCondition",
+    "SharedModelUpdateGate",
     "SharedModelUpdateLock",
     "UntestedSGLangError",
+    "check",
     "check_version",
     "install",
     "installed",
@@ -67,7 +89,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: SGLang releases this integration was tested with (tests/sglang_server/).
+#: SGLang releases this integration was tested with (tests/sglang_server/,
+#: run against each by .ci/run).
 TESTED_VERSIONS: Tuple[str, ...] = ("0.5.23",)
 #: Set to 1 to install on a release not in TESTED_VERSIONS.
 ENV_UNTESTED = "PYSHMLOCK_SGLANG_UNTESTED"
@@ -78,51 +101,32 @@ ENV_APP_PATH = "PYSHMLOCK_SGLANG_APP_PATH"
 #: An update session's ttl in seconds (default: the lock's, 600 s): a
 #: session whose end_weight_update never comes expires after it.
 ENV_SESSION_TTL = "PYSHMLOCK_SGLANG_SESSION_TTL"
-#: SGLang's own setting: the app each multi-tokenizer worker imports.
+#: SGLang's own setting (0.5.23 on): the app each multi-tokenizer worker imports.
 SGLANG_APP_PATH = "SGLANG_HTTP_SERVER_APP_PATH"
-#: The app SGLang's workers import when that setting is not given.
+#: The app SGLang's workers import when that setting is not given (and
+#: always, before 0.5.23).
 DEFAULT_APP_PATH = "sglang.srt.entrypoints.http_server:app"
 #: The app the launcher points the workers at: install(), then the app above.
 INTEGRATED_APP_PATH = "pyshmlock.integrations.sglang_app:app"
-
-
-class UntestedSGLangError(RuntimeError):
-    """The installed SGLang release is not one this integration was tested with."""
+#: An abort-mode pause sends its abort again this often while requests
+#: remain (one admitted while the first abort travelled); it returns as
+#: soon as none remains, whatever this is.
+ABORT_RESEND_SECONDS = 1.0
 
 
 class IncompatibleSGLangError(RuntimeError):
-    """Something the integration patches is missing from the installed SGLang."""
+    """SGLang is missing, does not import, or lacks something the
+    integration relies on (the message names it and the supported versions)."""
 
 
-_TM = "sglang.srt.managers.tokenizer_manager"
-_CONTROL = "sglang.srt.managers.tokenizer_control_mixin"
-_MULTI = "sglang.srt.managers.multi_tokenizer_mixin"
+class UntestedSGLangError(IncompatibleSGLangError):
+    """The installed SGLang is not a release this integration was tested
+    with (another version, or a build whose replaced methods differ)."""
 
-#: (module, class, attribute) of everything install() replaces.  The
-#: attribute must be defined by that class itself, not inherited.
-PATCHED: Tuple[Tuple[str, str, str], ...] = (
-    (_TM, "TokenizerManager", "init_weight_update"),
-    (_TM, "TokenizerManager", "is_pause"),
-    (_TM, "TokenizerManager", "pause_generation"),
-    (_TM, "TokenizerManager", "continue_generation"),
-    (_TM, "TokenizerManager", "update_weights_from_disk"),
-    (_CONTROL, "TokenizerControlMixin", "update_weights_from_distributed"),
-    (_CONTROL, "TokenizerControlMixin", "update_weights_from_tensor"),
-    (_CONTROL, "TokenizerControlMixin", "update_weights_from_ipc"),
-    (_CONTROL, "TokenizerControlMixin", "begin_weight_update"),
-    (_CONTROL, "TokenizerControlMixin", "end_weight_update"),
-    (_MULTI, "TokenizerWorker", "pause_generation"),
-    (_MULTI, "TokenizerWorker", "continue_generation"),
-)
 
-#: What the patched code calls on a manager: checked to exist before patching.
-USED: Tuple[Tuple[str, str, str], ...] = (
-    (_TM, "TokenizerManager", "_wait_for_model_update_from_disk"),
-    (_TM, "TokenizerManager", "abort_request"),
-    (_TM, "TokenizerManager", "auto_create_handle_loop"),
-    (_TM, "TokenizerManager", "config_value"),
-    (_CONTROL, "TokenizerControlMixin", "_update_weight_version_if_provided"),
-)
+def _supported() -> str:
+    return f"supported: SGLang {', '.join(TESTED_VERSIONS)}"
+
 
 _originals: Dict[Tuple[type, str], Any] = {}
 
@@ -133,9 +137,27 @@ def installed() -> bool:
 
 
 def sglang_version() -> str:
+    """The installed SGLang's version; IncompatibleSGLangError if none is."""
     from importlib import metadata
 
-    return metadata.version("sglang")
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError as e:
+        raise IncompatibleSGLangError(
+            f"SGLang is not installed in this environment ({sys.executable}); "
+            f"{_supported()}") from e
+
+
+def _import_sglang() -> None:
+    """Import the tokenizer side once, turning any failure (a missing GPU
+    package, a half-installed SGLang) into IncompatibleSGLangError."""
+    version = sglang_version()
+    try:
+        importlib.import_module(_MULTI)
+    except Exception as e:
+        raise IncompatibleSGLangError(
+            f"SGLang {version} is installed but its tokenizer side does not import "
+            f"({type(e).__name__}: {e}); {_supported()}") from e
 
 
 def lock_name(port: Optional[int]) -> str:
@@ -152,7 +174,7 @@ def lock_name(port: Optional[int]) -> str:
 class SharedModelUpdateLock(AsyncRWLock):
     """The server's lock, in the place of SGLang's per-process RWLock.
 
-    ``is_locked()`` answers what SGLang 0.5.23 asks it (its only use is the
+    ``is_locked()`` answers what SGLang asks it (its only use is the
     abort-mode drain, "is there still an on-going request"): whether a read
     hold exists in any process.  An update holding the lock is not a
     request; counting it would make an abort-mode pause wait for it."""
@@ -207,11 +229,70 @@ def _resolve(module: str, cls: str) -> type:
     return owner
 
 
+# -- one lock, one record per server ------------------------------------------
+
+class _Server:
+    """This process's view of its server: the lock and the served-weights
+    record, opened with the first manager and closed at exit."""
+
+    def __init__(self, name: str) -> None:
+        self.lock = SharedModelUpdateLock(name)
+        self.record = ServedWeights(name, self._attached)
+        self.name = name
+        atexit.register(self.stop)
+
+    def _attached(self) -> Iterable[int]:
+        try:
+            return list(self.lock.info().attached_pids)
+        except ValueError:          # closed: at exit
+            return []
+
+    def stop(self) -> None:
+        """At a clean exit: detach, and if no other live process is
+        attached, remove the segment and the record (the last worker of the
+        server).  A worker that detached first is not counted by the
+        later ones, so the last one to get here removes them."""
+        try:
+            self.lock.close()
+        except (LockInUseError, ValueError):
+            pass                    # still in use here: unlink counts us out anyway
+        from ..lock import unlink
+
+        try:
+            unlink(self.name)
+        except (LockInUseError, FileNotFoundError, PermissionError):
+            return
+        except Exception:           # never fail an exit over it
+            logger.exception("pyshmlock: could not remove the lock %s", self.name)
+            return
+        self.record.remove()
+
+
+_servers: Dict[str, _Server] = {}
+
+
+def _server(name: str) -> _Server:
+    server = _servers.get(name)
+    if server is None:
+        server = _servers[name] = _Server(name)
+    return server
+
+
+def _record(manager: Any) -> Optional[ServedWeights]:
+    server = _servers.get(manager.__dict__.get("_pyshmlock_server", ""))
+    return server.record if server is not None else None
+
+
 # -- the replacements --------------------------------------------------------
 
 def _init_weight_update(self: Any) -> None:
     _original(_TM, "TokenizerManager", "init_weight_update")(self)
-    lock = SharedModelUpdateLock(lock_name(_server_port(self)))
+    server = _server(lock_name(_server_port(self)))
+    self._pyshmlock_server = server.name
+    self._pyshmlock_pending = collections.deque()
+    # One lock object per process (and per server): the managers of a
+    # process share it, and its attachment outlives none of them.
+    lock = server.lock
     self.model_update_lock = lock
     self.is_pause_cond = SharedGateCondition(lock)
     # A worker stopped while paused must stop: its requests parked at the
@@ -249,25 +330,83 @@ def _is_pause_set(self: Any, value: bool) -> None:
     _original(_TM, "TokenizerManager", "is_pause").fset(self, value)
 
 
-def _pause_generation(module: str, cls: str) -> Callable[..., Awaitable[Any]]:
-    async def pause_generation(self: Any, obj: Any) -> Any:
-        _shared(self).pause()          # no worker admits a request from here on
-        # SGLang 0.5.23 starts a worker's handle loop at its first request;
-        # without it the router's broadcast is never read and SGLang's own
-        # pause waits for it forever.
-        self.auto_create_handle_loop()
-        return await _original(module, cls, "pause_generation")(self, obj)
-    return pause_generation
+async def _drain(manager: Any, lock: SharedModelUpdateLock) -> None:
+    """An abort-mode pause's drain: abort every request, and return the
+    moment no read hold is left in any worker.  The abort is sent again
+    every ABORT_RESEND_SECONDS while requests remain (one tokenized while
+    the first abort travelled reaches the scheduler after it)."""
+    while True:
+        manager.abort_request(abort_all=True)
+        if await lock.wait_drained(ABORT_RESEND_SECONDS):
+            return
 
 
-def _continue_generation(module: str, cls: str) -> Callable[..., Awaitable[Any]]:
-    async def continue_generation(self: Any, obj: Any) -> Any:
-        # Waits while an update or an update session holds the pause; raises
-        # pyshmlock.DataSuspectError while the data is suspect.
-        await _shared(self).resume()
-        self.auto_create_handle_loop()
-        return await _original(module, cls, "continue_generation")(self, obj)
-    return continue_generation
+async def _manager_pause(self: Any, obj: Any) -> Any:
+    """TokenizerManager.pause_generation (one tokenizer process)."""
+    lock = _shared(self)
+    lock.pause()                    # no worker admits a request from here on
+    if obj.mode != "abort":
+        return await _original(_TM, "TokenizerManager", "pause_generation")(self, obj)
+    self.is_pause = True            # SGLang's local flag and state callback
+    await _drain(self, lock)
+
+
+async def _manager_continue(self: Any, obj: Any) -> Any:
+    # Waits while an update or an update session holds the pause; raises
+    # pyshmlock.DataSuspectError while the data is suspect.
+    await _shared(self).resume()
+    return await _original(_TM, "TokenizerManager", "continue_generation")(self, obj)
+
+
+async def _through_router(worker: Any, obj: Any) -> None:
+    """Send a pause or continue to the router (it broadcasts to every
+    worker and forwards it to the scheduler) and wait for a broadcast to
+    come back here.  Each call waits in a queue of its own, resolved one
+    broadcast at a time, oldest first: SGLang's one pending future was
+    overwritten by a second call, leaving the first waiting for ever."""
+    # SGLang starts a worker's handle loop at its first request; without it
+    # the router's broadcast is never read.
+    worker.auto_create_handle_loop()
+    waiting = asyncio.get_running_loop().create_future()
+    pending: Deque[asyncio.Future[bool]] = worker._pyshmlock_pending
+    pending.append(waiting)
+    try:
+        worker._dispatch_to_scheduler(obj)
+        await waiting
+    finally:
+        if not waiting.done():      # cancelled: take it out of the queue
+            pending.remove(waiting)
+
+
+async def _worker_pause(self: Any, obj: Any) -> Any:
+    """TokenizerWorker.pause_generation (multi-tokenizer)."""
+    lock = _shared(self)
+    lock.pause()                    # no worker admits a request from here on
+    await _through_router(self, obj)
+    if obj.mode == "abort":
+        await _drain(self, lock)
+
+
+async def _worker_continue(self: Any, obj: Any) -> Any:
+    """TokenizerWorker.continue_generation (multi-tokenizer)."""
+    await _shared(self).resume()
+    await _through_router(self, obj)
+
+
+async def _apply_pause_continue_broadcast(self: Any, obj: Any) -> None:
+    """A broadcast from the router: SGLang's local flag (under its
+    condition, as SGLang does), then the oldest waiting call returns."""
+    async with self.is_pause_cond:
+        self.is_pause = obj.is_pause
+        if not obj.is_pause:
+            self.is_pause_cond.notify_all()
+    pending: Deque[asyncio.Future[bool]] = self.__dict__.get(
+        "_pyshmlock_pending", collections.deque())
+    while pending:
+        waiting = pending.popleft()
+        if not waiting.done():
+            waiting.set_result(True)
+            break
 
 
 def _fence_token(request: Any) -> Optional[int]:
@@ -312,11 +451,19 @@ def _after_update(self: Any, obj: Any, success: bool, message: str) -> str:
     return message
 
 
-def _assert_single_dp(what: str) -> None:
+def _check_dp(method: str, what: str) -> None:
+    """SGLang's own precondition of that update path, as the installed
+    release has it: 0.5.21 also allows data-parallel attention, 0.5.22 on
+    only dp_size 1 (read from SGLang's own method)."""
     from sglang.srt.runtime_context import get_parallel
 
-    assert get_parallel().dp_size == 1, (
-        f"data-parallel replicas are not supported for {what}")
+    parallel = get_parallel()
+    if parallel.dp_size == 1:
+        return
+    original = _original(_CONTROL, "TokenizerControlMixin", method)
+    if "enable_dp_attention" in targets.code_names(original) and parallel.enable_dp_attention:
+        return
+    raise AssertionError(f"data-parallel replicas are not supported for {what}")
 
 
 async def _update_weights_from_disk(self: Any, obj: Any, request: Any = None) -> Any:
@@ -330,30 +477,32 @@ async def _update_weights_from_disk(self: Any, obj: Any, request: Any = None) ->
         async with _update_hold(self, request):
             success, message, num_paused_requests = \
                 await self._wait_for_model_update_from_disk(obj)
+            message = _after_update(self, obj, success, message)
     except FencingError as e:
         return False, str(e), 0
-    return success, _after_update(self, obj, success, message), num_paused_requests
+    return success, message, num_paused_requests
 
 
 async def _update_weights_from_distributed(self: Any, obj: Any, request: Any = None) -> Any:
     self.auto_create_handle_loop()
-    _assert_single_dp("update weights from distributed")
+    _check_dp("update_weights_from_distributed", "update weights from distributed")
     if obj.abort_all_requests:
         self.abort_request(abort_all=True)
     try:
         async with _update_hold(self, request):
             results = await self.update_weights_from_distributed_communicator(obj)
+            success, message = _merge(results)
+            message = _after_update(self, obj, success, message)
     except FencingError as e:
         return False, str(e)
-    success, message = _merge(results)
-    return success, _after_update(self, obj, success, message)
+    return success, message
 
 
 async def _update_weights_from_tensor(self: Any, obj: Any, request: Any = None) -> Any:
     from sglang.srt.utils import normalize_serialized_named_tensor_payloads
 
     self.auto_create_handle_loop()
-    _assert_single_dp("update weights from tensor")
+    _check_dp("update_weights_from_tensor", "update weights from tensor")
     if obj.abort_all_requests:
         self.abort_request(abort_all=True)
     obj.serialized_named_tensors = normalize_serialized_named_tensor_payloads(
@@ -361,27 +510,29 @@ async def _update_weights_from_tensor(self: Any, obj: Any, request: Any = None) 
     try:
         async with _update_hold(self, request):
             results = await self.update_weights_from_tensor_communicator(obj)
+            success, message = _merge(results)
+            message = _after_update(self, obj, success, message)
     except FencingError as e:
         return False, str(e)
-    success, message = _merge(results)
-    return success, _after_update(self, obj, success, message)
+    return success, message
 
 
 async def _update_weights_from_ipc(self: Any, obj: Any, request: Any = None) -> Any:
     self.auto_create_handle_loop()
     try:
-        _assert_single_dp("update weights from IPC")
+        _check_dp("update_weights_from_ipc", "update weights from IPC")
         logger.info("Starting IPC weight update")
         async with _update_hold(self, request):
             results = await self.update_weights_from_ipc_communicator(obj)
-        success, message = _merge(results)
+            success, message = _merge(results)
+            message = _after_update(self, obj, success, message)
     except FencingError as e:
         return False, str(e)
     except Exception as e:
         message = f"IPC weight update failed: {e!s}"
         logger.error(message)
         success = False
-    return success, _after_update(self, obj, success, message)
+    return success, message
 
 
 async def _begin_weight_update(self: Any, obj: Any, request: Any = None) -> Any:
@@ -420,15 +571,141 @@ async def _end_weight_update(self: Any, obj: Any, request: Any = None) -> Any:
     return success, message
 
 
+# -- through SGLang's own hook (contrib/sglang/), without patching -------------
+
+class SharedModelUpdateGate:
+    """The server's shared lock as SGLang's ``ModelUpdateGate`` (the hook
+    contrib/sglang/ proposes upstream): with that change in SGLang,
+    ``SGLANG_MODEL_UPDATE_GATE=pyshmlock.integrations.sglang:SharedModelUpdateGate``
+    gives every tokenizer process of a server one lock and one pause, with
+    no install() and nothing patched.  The same semantics as install()'s
+    patches: admission at the shared gate, a pause that holds everywhere, a
+    continue that waits for an update or a session, an event-driven
+    abort drain, updates under ``update_lock`` (fenced with the fleet's
+    token), update sessions, and the segment removed by the last worker.
+    (The served-weights record needs install(): SGLang keeps those values
+    outside the gate.)"""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        server = _server(lock_name(_server_port(manager)))
+        self.model_update_lock: SharedModelUpdateLock = server.lock
+        self.is_pause_cond = SharedGateCondition(server.lock)
+        if threading.current_thread() is threading.main_thread():
+            server.lock.notify_closing_on_signals()
+
+    def is_paused(self, local: bool) -> bool:
+        return self.model_update_lock.paused
+
+    async def pause(self) -> None:
+        self.model_update_lock.pause()
+
+    async def resume(self) -> None:
+        await self.model_update_lock.resume()
+
+    async def drain(self) -> None:
+        await _drain(self.manager, self.model_update_lock)
+
+    async def run_update(self, call: Callable[[], Awaitable[Any]], request: Any = None,
+                         hold_pause: bool = True) -> Any:
+        async with _update_hold(self.manager, request):
+            return await call()
+
+    async def begin_update_session(self, call: Callable[[], Awaitable[Any]],
+                                   request: Any = None) -> Any:
+        lock = self.model_update_lock
+        ttl = os.environ.get(ENV_SESSION_TTL)
+        token = await (lock.begin_session(float(ttl)) if ttl else lock.begin_session())
+        try:
+            results = await call()
+        except BaseException:
+            lock.end_session(token)
+            raise
+        if not _merge(results)[0]:       # the scheduler opened nothing
+            lock.end_session(token)
+        return results
+
+    async def end_update_session(self, call: Callable[[], Awaitable[Any]],
+                                 request: Any = None) -> Any:
+        lock = self.model_update_lock
+        async with lock.update_lock:     # granted at once inside a session
+            results = await call()
+        session = lock.session
+        if _merge(results)[0] and session is not None:
+            lock.end_session(session.token)
+        return results
+
+
+# -- the served weights: one record per server --------------------------------
+
+_SHARED_CONFIG = ("weight_version", "load_format", "model_path", "served_model_name")
+
+
+def _config_value(self: Any, name: str) -> Any:
+    if name in _SHARED_CONFIG:
+        record = _record(self)
+        value = record.get(name) if record is not None else None
+        if value is not None:
+            return value
+    return _original(_TM, "TokenizerManager", "config_value")(self, name)
+
+
+def _update_model_path_info(self: Any, model_path: str, load_format: str) -> None:
+    _original(_TM, "TokenizerManager", "_update_model_path_info")(self, model_path, load_format)
+    record = _record(self)
+    if record is not None:
+        fields = {"model_path": model_path, "served_model_name": model_path}
+        if load_format is not None:
+            fields["load_format"] = str(load_format)
+        record.publish(**fields)
+
+
+def _update_weight_version_if_provided(self: Any, weight_version: Optional[str]) -> None:
+    _original(_CONTROL, "TokenizerControlMixin", "_update_weight_version_if_provided")(
+        self, weight_version)
+    record = _record(self)
+    if weight_version is not None and record is not None:
+        record.publish(weight_version=str(weight_version))
+
+
+def _served(field: str) -> property:
+    """``model_path`` / ``served_model_name`` on a manager: the server's
+    record when it has one, else what this manager was told (SGLang sets
+    them as plain attributes; the setter keeps that)."""
+    local = f"_pyshmlock_local_{field}"
+
+    def get(self: Any) -> Any:
+        record = _record(self)
+        value = record.get(field) if record is not None else None
+        if value is not None:
+            return value
+        try:
+            return self.__dict__[local]
+        except KeyError:
+            raise AttributeError(field) from None
+
+    def set_(self: Any, value: Any) -> None:
+        self.__dict__[local] = value
+    return property(get, set_)
+
+
+#: Attributes install() adds to TokenizerManager (SGLang sets them on the
+#: instance; a property on the class reads the server's record first).
+ADDED: Tuple[Tuple[str, str, str], ...] = (
+    (_TM, "TokenizerManager", "model_path"),
+    (_TM, "TokenizerManager", "served_model_name"),
+)
+
+
 def _replacements() -> Dict[Tuple[str, str, str], Any]:
-    tm_is_pause = (_TM, "TokenizerManager", "is_pause")
     return {
         (_TM, "TokenizerManager", "init_weight_update"): _init_weight_update,
-        tm_is_pause: property(_is_pause_get, _is_pause_set),
-        (_TM, "TokenizerManager", "pause_generation"): _pause_generation(_TM, "TokenizerManager"),
-        (_TM, "TokenizerManager", "continue_generation"):
-            _continue_generation(_TM, "TokenizerManager"),
+        (_TM, "TokenizerManager", "is_pause"): property(_is_pause_get, _is_pause_set),
+        (_TM, "TokenizerManager", "pause_generation"): _manager_pause,
+        (_TM, "TokenizerManager", "continue_generation"): _manager_continue,
         (_TM, "TokenizerManager", "update_weights_from_disk"): _update_weights_from_disk,
+        (_TM, "TokenizerManager", "config_value"): _config_value,
+        (_TM, "TokenizerManager", "_update_model_path_info"): _update_model_path_info,
         (_CONTROL, "TokenizerControlMixin", "update_weights_from_distributed"):
             _update_weights_from_distributed,
         (_CONTROL, "TokenizerControlMixin", "update_weights_from_tensor"):
@@ -436,52 +713,116 @@ def _replacements() -> Dict[Tuple[str, str, str], Any]:
         (_CONTROL, "TokenizerControlMixin", "update_weights_from_ipc"): _update_weights_from_ipc,
         (_CONTROL, "TokenizerControlMixin", "begin_weight_update"): _begin_weight_update,
         (_CONTROL, "TokenizerControlMixin", "end_weight_update"): _end_weight_update,
-        (_MULTI, "TokenizerWorker", "pause_generation"):
-            _pause_generation(_MULTI, "TokenizerWorker"),
-        (_MULTI, "TokenizerWorker", "continue_generation"):
-            _continue_generation(_MULTI, "TokenizerWorker"),
+        (_CONTROL, "TokenizerControlMixin", "_update_weight_version_if_provided"):
+            _update_weight_version_if_provided,
+        (_MULTI, "TokenizerWorker", "pause_generation"): _worker_pause,
+        (_MULTI, "TokenizerWorker", "continue_generation"): _worker_continue,
+        (_MULTI, "TokenizerWorker", "_apply_pause_continue_broadcast"):
+            _apply_pause_continue_broadcast,
     }
 
 
-def check_version(allow_untested: bool = False) -> str:
-    """The installed SGLang version; UntestedSGLangError if it is not in
-    TESTED_VERSIONS, unless allowed (argument or ``PYSHMLOCK_SGLANG_UNTESTED=1``)."""
+# -- the check ---------------------------------------------------------------
+
+class Check:
+    """What ``check()`` found: each target present or not, the installed
+    version and replaced bodies against the tested ones, and the verdict."""
+
+    def __init__(self, version: str, found: List[targets.Found],
+                 bodies: Dict[str, str], allow_untested: bool) -> None:
+        self.version = version
+        self.found = found
+        self.bodies = bodies
+        self.missing = [f for f in found if f.target.needed and not f.present]
+        tested = targets.FINGERPRINTS.get(version)
+        self.listed = version in TESTED_VERSIONS
+        self.differing = ([k for k, v in bodies.items() if tested.get(k) != v]
+                          if tested is not None else [])
+        self.nearest: Optional[str] = None
+        if not self.listed or tested is None:
+            self.nearest, self.differing = _nearest(bodies)
+        self.tested = self.listed and tested is not None and not self.differing
+        self.launcher_setting = any(f.present for f in found if f.target.kind == "setting")
+        self.allowed_untested = allow_untested and not self.tested
+        self.accepted = not self.missing and (self.tested or allow_untested)
+
+    def reason(self) -> str:
+        """Why install() refuses ("" if it accepts)."""
+        if self.missing:
+            return (f"SGLang {self.version} lacks what the integration relies on: "
+                    f"{'; '.join(_describe(f) for f in self.missing)}; nothing was "
+                    f"patched; {_supported()}")
+        if self.tested or self.accepted:
+            return ""
+        what = (f"SGLang {self.version} is not a tested release" if not self.listed else
+                f"this SGLang {self.version} build is not the tested release")
+        if self.differing:
+            what += (f"; the methods the integration replaces differ from "
+                     f"{self.nearest or 'every tested release'} in: "
+                     f"{', '.join(self.differing)}")
+        return (f"{what} ({_supported()}): to try it anyway, call "
+                f"install(allow_untested=True) or set {ENV_UNTESTED}=1 (and run "
+                f"tests/sglang_server against it)")
+
+    def report(self) -> str:
+        lines = [f"SGLang {self.version}"]
+        for f in self.found:
+            mark = "present" if f.present else ("absent " if not f.target.needed else "MISSING")
+            lines.append(f"  {mark}  {f.target}" + (f"  ({f.detail})" if f.detail else ""))
+        for name, digest in self.bodies.items():
+            same = "" if name not in self.differing else "  (differs)"
+            lines.append(f"  body     {name} {digest}{same}")
+        lines.append("  launcher: " + (
+            f"points {SGLANG_APP_PATH} at {INTEGRATED_APP_PATH}" if self.launcher_setting else
+            f"no {SGLANG_APP_PATH}: hands {INTEGRATED_APP_PATH} to uvicorn/granian in "
+            "the place of SGLang's hard-coded app"))
+        verdict = self.reason()
+        lines.append("install() would accept it" + (
+            " (untested: allowed)" if self.allowed_untested else "")
+            if not verdict else f"install() would refuse it: {verdict}")
+        return "\n".join(lines)
+
+
+def _describe(found: targets.Found) -> str:
+    return f"{found.target}" + (f" ({found.detail})" if found.detail else "")
+
+
+def _nearest(bodies: Dict[str, str]) -> Tuple[Optional[str], List[str]]:
+    """The tested release whose replaced bodies are most like these, and
+    the ones that differ from it."""
+    best: Optional[str] = None
+    best_diff = list(bodies)
+    for version in TESTED_VERSIONS:
+        tested = targets.FINGERPRINTS.get(version, {})
+        diff = [k for k, v in bodies.items() if tested.get(k) != v]
+        if best is None or len(diff) < len(best_diff):
+            best, best_diff = version, diff
+    return best, best_diff
+
+
+def check(allow_untested: bool = False) -> Check:
+    """Look at the installed SGLang without patching it.
+    IncompatibleSGLangError if it is missing or does not import."""
+    _import_sglang()
     version = sglang_version()
-    if version in TESTED_VERSIONS:
-        return version
-    if allow_untested or os.environ.get(ENV_UNTESTED) == "1":
-        logger.warning("pyshmlock: SGLang %s is untested (tested: %s); installing anyway",
-                       version, ", ".join(TESTED_VERSIONS))
-        return version
-    raise UntestedSGLangError(
-        f"pyshmlock.integrations.sglang was tested with SGLang {', '.join(TESTED_VERSIONS)}, "
-        f"not {version}: to try it anyway, call install(allow_untested=True) or set "
-        f"{ENV_UNTESTED}=1 (and run tests/sglang_server against that release)")
+    lookup = (lambda m, c, a: _original(m, c, a)) if _originals else None
+    return Check(version, targets.check_all(), targets.fingerprints(lookup),
+                 allow_untested or os.environ.get(ENV_UNTESTED) == "1")
 
 
-def _check_targets() -> List[Tuple[type, str]]:
-    """Every patched and used attribute, checked before anything is patched."""
-    missing: List[str] = []
-    targets: List[Tuple[type, str]] = []
-    for module, cls, attr in PATCHED + USED:
-        try:
-            owner = _resolve(module, cls)
-        except (ImportError, IncompatibleSGLangError) as e:
-            missing.append(f"{module}.{cls} ({e})")
-            continue
-        if attr not in vars(owner):
-            missing.append(f"{module}.{cls}.{attr}")
-        elif (module, cls, attr) in PATCHED:
-            targets.append((owner, attr))
-    if missing:
-        raise IncompatibleSGLangError(
-            "pyshmlock.integrations.sglang cannot patch this SGLang "
-            f"({sglang_version()}): missing {', '.join(missing)}; nothing was patched")
-    is_pause = vars(_resolve(_TM, "TokenizerManager"))["is_pause"]
-    if not isinstance(is_pause, property) or is_pause.fset is None:
-        raise IncompatibleSGLangError(
-            "TokenizerManager.is_pause is not a settable property; nothing was patched")
-    return targets
+def check_version(allow_untested: bool = False) -> str:
+    """The installed SGLang version if install() would accept it; else
+    IncompatibleSGLangError, or UntestedSGLangError for a release (or build)
+    not tested, unless allowed (argument or ``PYSHMLOCK_SGLANG_UNTESTED=1``)."""
+    found = check(allow_untested)
+    if found.missing:
+        raise IncompatibleSGLangError(found.reason())
+    if not found.accepted:
+        raise UntestedSGLangError(found.reason())
+    if found.allowed_untested:
+        logger.warning("pyshmlock: SGLang %s is untested (%s); installing anyway",
+                       found.version, _supported())
+    return found.version
 
 
 def install(*, allow_untested: bool = False) -> bool:
@@ -491,13 +832,17 @@ def install(*, allow_untested: bool = False) -> bool:
     if _originals:
         return False
     check_version(allow_untested)
-    targets = _check_targets()
+    owners = {(m, c, a): _resolve(m, c) for m, c, a in PATCHED + ADDED}
     replacements = _replacements()
-    by_owner = {(_resolve(m, c), a): (m, c, a) for m, c, a in PATCHED}
-    for owner, attr in targets:
-        _originals[(owner, attr)] = vars(owner)[attr]
-    for owner, attr in targets:
-        setattr(owner, attr, replacements[by_owner[(owner, attr)]])
+    for (m, c, a), owner in owners.items():
+        if (m, c, a) in replacements:
+            _originals[(owner, a)] = vars(owner)[a]
+    for (m, c, a), owner in owners.items():
+        if (m, c, a) in replacements:
+            setattr(owner, a, replacements[(m, c, a)])
+    for m, c, a in ADDED:
+        _originals[(owners[(m, c, a)], a)] = None
+        setattr(owners[(m, c, a)], a, _served(a))
     logger.info("pyshmlock: SGLang %s tokenizer side shares one lock per server",
                 sglang_version())
     return True
@@ -509,7 +854,10 @@ def uninstall() -> bool:
     if not _originals:
         return False
     for (owner, attr), original in list(_originals.items()):
-        setattr(owner, attr, original)
+        if original is None:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)
     _originals.clear()
     return True
 
@@ -517,6 +865,50 @@ def uninstall() -> bool:
 # -- the launcher --------------------------------------------------------------
 
 _PORT_ARG = re.compile(r"^--port(?:=(\d+))?$")
+
+USAGE = f"""usage: python -m pyshmlock.integrations.sglang [--check] | SGLANG_ARGS...
+
+Runs `python -m sglang.launch_server SGLANG_ARGS...` with
+pyshmlock.integrations.sglang installed in the launching process and in
+every tokenizer worker: one shared lock per server (named sglang-<port>,
+or ${ENV_LOCK_NAME}).
+
+  --check     print what the integration relies on in the installed SGLang,
+              which of it is present, and whether install() would accept it
+              (exit 0 if it would, 1 if not)
+  -h, --help  this text (SGLang's own options: python -m sglang.launch_server --help)
+
+Tested with SGLang {', '.join(TESTED_VERSIONS)}; {ENV_UNTESTED}=1 allows another.
+"""
+
+
+def _hand_workers_the_integrated_app() -> None:
+    """SGLang before 0.5.23 names its workers' app in the code
+    (``uvicorn.run("sglang.srt.entrypoints.http_server:app", workers=N)``,
+    and Granian's ``target``): in this process, both are handed the
+    integrated app instead, which installs the integration in each worker
+    and then imports that same app."""
+    import uvicorn
+
+    run = uvicorn.run
+
+    def integrated_run(app: Any, *args: Any, **kwargs: Any) -> Any:
+        if app == DEFAULT_APP_PATH:
+            app = INTEGRATED_APP_PATH
+        return run(app, *args, **kwargs)
+    uvicorn.run = integrated_run
+    try:
+        import granian
+    except ImportError:
+        return
+    granian_class = granian.Granian
+
+    class IntegratedGranian(granian_class):  # type: ignore[misc, valid-type]
+        def __init__(self, target: Any, *args: Any, **kwargs: Any) -> None:
+            if target == DEFAULT_APP_PATH:
+                target = INTEGRATED_APP_PATH
+            super().__init__(target, *args, **kwargs)
+    granian.Granian = IntegratedGranian
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -526,19 +918,38 @@ def main(argv: Optional[List[str]] = None) -> None:
     every tokenizer worker.
 
     SGLang's workers are uvicorn's (or granian's) spawned processes, which
-    import the app named by ``SGLANG_HTTP_SERVER_APP_PATH``; the launcher
-    points it at ``pyshmlock.integrations.sglang_app:app``, which installs
-    the integration and then imports the app that would have run (kept in
+    import the app named by ``SGLANG_HTTP_SERVER_APP_PATH`` (0.5.23), or the
+    app hard-coded in SGLang before it; the launcher points the setting,
+    or the hard-coded name as this process passes it on, at
+    ``pyshmlock.integrations.sglang_app:app``, which installs the
+    integration and then imports the app that would have run (kept in
     ``PYSHMLOCK_SGLANG_APP_PATH``).  A spawned child inherits the
     environment, so no sitecustomize or .pth file is involved."""
     import runpy
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        sys.stdout.write(USAGE)
+        return
+    if args[:1] == ["--check"]:
+        try:
+            found = check()
+        except IncompatibleSGLangError as e:
+            sys.stdout.write(f"install() would refuse it: {e}\n")
+            raise SystemExit(1) from None
+        sys.stdout.write(found.report() + "\n")
+        raise SystemExit(0 if found.accepted else 1)
+    try:
+        install()
+        found = check()
+    except IncompatibleSGLangError as e:
+        raise SystemExit(f"pyshmlock.integrations.sglang: {e}") from None
     current = os.environ.get(SGLANG_APP_PATH, DEFAULT_APP_PATH)
     if current != INTEGRATED_APP_PATH:
         os.environ[ENV_APP_PATH] = current
         os.environ[SGLANG_APP_PATH] = INTEGRATED_APP_PATH
-    install()
+    if not found.launcher_setting:
+        _hand_workers_the_integrated_app()
     sys.argv = ["sglang.launch_server", *args]
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=True)
 

@@ -53,8 +53,12 @@ class Proc:
 
 
 class Server:
-    """One server: backend "sglang" (SGLang's own locks) or "pyshmlock"
-    (pyshmlock.integrations.sglang installed in every worker)."""
+    """One server: backend "sglang" (SGLang's own locks), "pyshmlock"
+    (pyshmlock.integrations.sglang installed in every worker) or "hook"
+    (an SGLang with contrib/sglang/'s patch, its SGLANG_MODEL_UPDATE_GATE
+    naming pyshmlock's gate; nothing installed, nothing patched)."""
+
+    GATE = "pyshmlock.integrations.sglang:SharedModelUpdateGate"
 
     def __init__(self, backend: str, venv: Path) -> None:
         self.backend = backend
@@ -67,6 +71,11 @@ class Server:
         self.port_args: Any = None
         self.timings: Dict[str, float] = {}
         self.ended: set = set()          # pids ended on purpose
+
+    @property
+    def shared(self) -> bool:
+        """Whether the workers share pyshmlock's lock (installed or through the hook)."""
+        return self.backend in ("pyshmlock", "hook")
 
     # -- processes -----------------------------------------------------
 
@@ -82,6 +91,8 @@ class Server:
                    # SGLang names its IPC sockets with NamedTemporaryFile: keep
                    # them, and the ones it creates and drops, in this server's dir.
                    TMPDIR=str(self.dir))
+        if self.backend == "hook":
+            env["SGLANG_MODEL_UPDATE_GATE"] = self.GATE
         return env
 
     def _spawn(self, name: str, script: str, *args: str, port: Optional[int] = None,
@@ -152,13 +163,14 @@ class Server:
             self._wait_ready([proc], START_TIMEOUT)
         return proc
 
-    def stop_worker(self, worker: Proc) -> None:
-        """End a worker a scenario started (it stays in the list, dead)."""
+    def stop_worker(self, worker: Proc, timeout: float = 8.0) -> None:
+        """End a worker a scenario started (it stays in the list, dead):
+        SIGTERM, then SIGKILL after `timeout` seconds."""
         self.ended.add(worker.pid)
         if worker.popen.poll() is None:
             worker.popen.terminate()
             try:
-                worker.popen.wait(timeout=8)
+                worker.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill(worker)
 

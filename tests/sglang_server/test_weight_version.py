@@ -41,10 +41,14 @@ async def _wait_all_report(c: Client, workers: str, expected: Dict[str, str],
         await asyncio.sleep(0.05)
 
 
-def test_every_worker_reports_the_weights_of_the_last_update(fresh):
+def test_every_worker_reports_the_weights_of_the_last_update(fresh, request):
     """Update from disk through B with weight_version "step-2" and a new
     model path; /update_weight_version "step-3" through D; a worker started
     afterwards: all report the new model path and version."""
+    if fresh.backend == "hook":
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="the contrib/ hook is SGLang's lock and pause only: the "
+            "served weights stay per process there (install() shares them)"))
     original = str(fresh.dir / "model")
     new_path = str(fresh.dir / "model-step-2")
     shutil.copytree(original, new_path, dirs_exist_ok=True)
