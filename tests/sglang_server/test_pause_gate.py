@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from .client import Client, run, verdict
+from .conftest import HOOK
 
 pytestmark = pytest.mark.timeout(600)   # includes starting the server, once per backend
 
@@ -196,7 +197,8 @@ def test_pause_and_continue_landing_together_on_one_worker_both_return(fresh):
             if stuck:
                 violations.append(f"afterwards requests to {stuck} did not complete")
         return violations
-    verdict(fresh, run(body(), 150), sglang_fails=True)
+    # contrib/sglang/'s patch also fixes this in SGLang's own TokenizerWorker.
+    verdict(fresh, run(body(), 150), sglang_fails=not HOOK)
 
 
 def test_abort_pause_returns_when_the_last_request_ends(fresh):

@@ -227,11 +227,39 @@ def check_command_reports_and_exits() -> None:
     assert not integration.installed()
 
 
+def branch_build_is_refused_naming_its_bodies() -> None:
+    """An SGLang 0.5.23 build that is not the release (here: with
+    contrib/sglang/'s patch applied, as a branch build would carry changes):
+    --check says install() would refuse it, naming each replaced method
+    whose body differs, and exits 1."""
+    import contextlib
+    import io
+
+    from pyshmlock.integrations import sglang as integration
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            integration.main(["--check"])
+        except SystemExit as e:
+            code = e.code
+    text = out.getvalue()
+    assert code == 1, text
+    verdict = text.splitlines()[-1]
+    assert verdict.startswith("install() would refuse it: this SGLang 0.5.23 build is not "
+                              "the tested release"), verdict
+    for body in ("TokenizerWorker.pause_generation", "TokenizerWorker.continue_generation",
+                 "TokenizerControlMixin.update_weights_from_ipc",
+                 "TokenizerManager.update_weights_from_disk"):
+        assert body in verdict, (body, verdict)
+
+
 CHECKS = ("untested_version_refused", "untested_version_allowed_by_env",
           "missing_method_fails_loudly", "install_is_idempotent_and_uninstalls",
           "launcher_points_workers_at_the_integrated_app",
           "listed_release_is_accepted_as_tested", "changed_body_is_refused_as_untested",
-          "every_kind_of_target_missing_is_named", "check_command_reports_and_exits")
+          "every_kind_of_target_missing_is_named", "check_command_reports_and_exits",
+          "branch_build_is_refused_naming_its_bodies")
 
 
 def run_all() -> None:
@@ -244,7 +272,7 @@ def run_all() -> None:
     import sglang.srt.managers.multi_tokenizer_mixin  # noqa: F401
 
     results = {}
-    for check in CHECKS:
+    for check in sys.argv[1:] or CHECKS:
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:
