@@ -91,7 +91,7 @@ logger = logging.getLogger(__name__)
 
 #: SGLang releases this integration was tested with (tests/sglang_server/,
 #: run against each by .ci/run).
-TESTED_VERSIONS: Tuple[str, ...] = ("0.5.23",)
+TESTED_VERSIONS: Tuple[str, ...] = ("0.5.21", "0.5.22", "0.5.23")
 #: Set to 1 to install on a release not in TESTED_VERSIONS.
 ENV_UNTESTED = "PYSHMLOCK_SGLANG_UNTESTED"
 #: The lock's name; default ``sglang-<port>`` (unique per server on a host).
@@ -372,10 +372,12 @@ async def _through_router(worker: Any, obj: Any) -> None:
     pending.append(waiting)
     try:
         worker._dispatch_to_scheduler(obj)
-        await waiting
-    finally:
-        if not waiting.done():      # cancelled: take it out of the queue
-            pending.remove(waiting)
+    except BaseException:           # never sent: no broadcast will come for it
+        pending.remove(waiting)
+        raise
+    # A cancelled wait leaves its (cancelled) future queued: the broadcast
+    # that reaches it passes it by for the next one.
+    await waiting
 
 
 async def _worker_pause(self: Any, obj: Any) -> Any:
@@ -670,22 +672,22 @@ def _update_weight_version_if_provided(self: Any, weight_version: Optional[str])
 
 def _served(field: str) -> property:
     """``model_path`` / ``served_model_name`` on a manager: the server's
-    record when it has one, else what this manager was told (SGLang sets
-    them as plain attributes; the setter keeps that)."""
-    local = f"_pyshmlock_local_{field}"
-
+    record when it has one, else what this manager was told.  SGLang sets
+    them as plain attributes; the setter still puts the value in the
+    instance's dict (a property comes first on reads), so after
+    uninstall() the manager reads its own value again."""
     def get(self: Any) -> Any:
         record = _record(self)
         value = record.get(field) if record is not None else None
         if value is not None:
             return value
         try:
-            return self.__dict__[local]
+            return self.__dict__[field]
         except KeyError:
             raise AttributeError(field) from None
 
     def set_(self: Any, value: Any) -> None:
-        self.__dict__[local] = value
+        self.__dict__[field] = value
     return property(get, set_)
 
 

@@ -24,6 +24,9 @@ REPO = HERE.parent.parent
 REQUIREMENTS = HERE / "requirements.txt"
 #: The releases the suite knows how to run (the integration lists the ones it passed).
 RELEASES = ("0.5.21", "0.5.22", "0.5.23")
+#: A release the integration does not support (no begin/end_weight_update):
+#: --check must refuse it, naming what differs.  Built only for that check.
+UNSUPPORTED = "0.5.20"
 
 
 def release() -> str:
@@ -80,6 +83,8 @@ def ensure(version: str = "", hook: bool = False) -> Path:
     updated if needed (under a file lock, so two test runs do not build it
     at once).  With `hook`, SGLang there carries contrib/sglang/'s patch."""
     version = version or release()
+    if version not in RELEASES + (UNSUPPORTED,):
+        raise ValueError(f"no pins for SGLang {version}")
     CACHE.mkdir(parents=True, exist_ok=True)
     key = requirements_key(version)
     if hook:

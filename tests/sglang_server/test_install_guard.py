@@ -21,7 +21,8 @@ CHECKS = ["untested_version_refused", "untested_version_allowed_by_env",
           "missing_method_fails_loudly", "install_is_idempotent_and_uninstalls",
           "launcher_points_workers_at_the_integrated_app",
           "listed_release_is_accepted_as_tested", "changed_body_is_refused_as_untested",
-          "every_kind_of_target_missing_is_named", "check_command_reports_and_exits"]
+          "every_kind_of_target_missing_is_named", "check_command_reports_and_exits",
+          "data_parallel_rule_is_the_releases_own"]
 # The venv's SGLang carries contrib/sglang/'s patch (PYSHMLOCK_SGLANG_HOOK=1):
 # a build of 0.5.23 that is not the release, which install() refuses.
 if HOOK:
@@ -93,3 +94,31 @@ def test_sglang_that_does_not_import_gives_one_clear_error(sglang_venv):
     cause = done.stdout.split()[1]
     assert cause in ("ModuleNotFoundError", "ImportError"), done.stdout
     assert "does not import" in done.stdout and "supported: SGLang" in done.stdout, done.stdout
+
+
+def test_check_refuses_a_release_it_was_not_tested_with_naming_what_differs():
+    """--check against SGLang 0.5.20 (its own venv; the releases before
+    0.5.21 lack begin/end_weight_update): it exits 1, and its last line
+    says install() would refuse it, naming the missing targets and the
+    supported versions."""
+    from . import sglang_venv as venv_module
+
+    if HOOK:
+        pytest.skip("run once, with the releases' venvs")
+    venv = venv_module.ensure(venv_module.UNSUPPORTED)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "import boot, sys; sys.argv[1:] = ['--check']; "
+         "from pyshmlock.integrations import sglang; sglang.main()"],
+        cwd=INSIDE, capture_output=True, text=True, timeout=300,
+        env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(INSIDE),
+             "HOME": str(venv.parent)})
+    print(done.stdout)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    verdict = done.stdout.strip().splitlines()[-1]
+    assert verdict.startswith(f"install() would refuse it: SGLang {venv_module.UNSUPPORTED} "
+                              "lacks what the integration relies on"), verdict
+    for missing in ("TokenizerControlMixin.begin_weight_update",
+                    "TokenizerControlMixin.end_weight_update"):
+        assert missing in verdict, (missing, verdict)
+    assert "supported: SGLang 0.5.21, 0.5.22, 0.5.23" in verdict, verdict

@@ -3,6 +3,7 @@ modules of the release under test (usage: guard_checks.py; prints one JSON
 line: each check's "ok" or its traceback)."""
 
 import sys
+from typing import Any
 
 import boot  # noqa: F401
 
@@ -227,6 +228,41 @@ def check_command_reports_and_exits() -> None:
     assert not integration.installed()
 
 
+def data_parallel_rule_is_the_releases_own() -> None:
+    """With data-parallel attention (dp_size 2): the integration's update
+    paths allow it exactly where SGLang's own do (0.5.21), and refuse it
+    where SGLang's own assert refuses (0.5.22 on)."""
+    import asyncio
+    import types
+
+    import sglang.srt.managers.tokenizer_control_mixin as control
+    import sglang.srt.runtime_context as runtime_context
+
+    from pyshmlock.integrations import sglang as integration
+
+    def parallel() -> Any:
+        return types.SimpleNamespace(dp_size=2, enable_dp_attention=True)
+    runtime_context.get_parallel = control.get_parallel = parallel
+    fake = types.SimpleNamespace(auto_create_handle_loop=lambda: None)
+    integration.install()
+    for method in ("update_weights_from_distributed", "update_weights_from_tensor"):
+        own = integration._original(control.__name__, "TokenizerControlMixin", method)
+        try:        # obj=None: past SGLang's assert, the next line fails on it
+            asyncio.run(own(fake, None))
+        except AssertionError:
+            sglang_allows = False
+        except AttributeError:
+            sglang_allows = True
+        try:
+            integration._check_dp(method, method)
+            allows = True
+        except AssertionError:
+            allows = False
+        assert allows == sglang_allows, (method, allows, sglang_allows)
+        expected = integration.sglang_version() == "0.5.21"
+        assert sglang_allows == expected, (method, integration.sglang_version())
+
+
 def branch_build_is_refused_naming_its_bodies() -> None:
     """An SGLang 0.5.23 build that is not the release (here: with
     contrib/sglang/'s patch applied, as a branch build would carry changes):
@@ -259,7 +295,7 @@ CHECKS = ("untested_version_refused", "untested_version_allowed_by_env",
           "launcher_points_workers_at_the_integrated_app",
           "listed_release_is_accepted_as_tested", "changed_body_is_refused_as_untested",
           "every_kind_of_target_missing_is_named", "check_command_reports_and_exits",
-          "branch_build_is_refused_naming_its_bodies")
+          "branch_build_is_refused_naming_its_bodies", "data_parallel_rule_is_the_releases_own")
 
 
 def run_all() -> None:
