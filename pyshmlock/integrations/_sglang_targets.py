@@ -154,13 +154,16 @@ def code_names(fn: Any) -> Set[str]:
     return names
 
 
-def _passes_request(source: str, method: str) -> bool:
+def _passes_request(source: str, method: str) -> str:
+    """"" if ``http_server`` calls ``<x>.method(..., request)``, else why not."""
+    called = False
     for node in ast.walk(ast.parse(source)):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == method
-                and any(isinstance(a, ast.Name) and a.id == "request" for a in node.args)):
-            return True
-    return False
+                and node.func.attr == method):
+            called = True
+            if any(isinstance(a, ast.Name) and a.id == "request" for a in node.args):
+                return ""
+    return "called without the request" if called else "not called"
 
 
 _sources: Dict[str, str] = {}
@@ -178,8 +181,8 @@ def _module_source(module: str) -> str:
 
 def _look(t: Target) -> Found:
     if t.kind == "passes":
-        ok = _passes_request(_module_source(t.module), t.name)
-        return Found(t, ok, "" if ok else "called without the request")
+        why = _passes_request(_module_source(t.module), t.name)
+        return Found(t, not why, why)
     if t.kind == "function":
         ok = callable(getattr(importlib.import_module(t.module), t.name, None))
         return Found(t, ok)

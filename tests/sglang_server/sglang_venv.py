@@ -27,6 +27,9 @@ RELEASES = ("0.5.21", "0.5.22", "0.5.23")
 #: A release the integration does not support (no begin/end_weight_update):
 #: --check must refuse it, naming what differs.  Built only for that check.
 UNSUPPORTED = "0.5.20"
+#: What a release's tokenizer side imports beyond requirements.txt (0.5.20
+#: imports xgrammar at module level; later releases only when used).
+EXTRA_PINS = {"0.5.20": ("xgrammar==0.2.1",)}
 
 
 def release() -> str:
@@ -47,6 +50,7 @@ HOOK_PATCHES = {"0.5.23": REPO / "contrib" / "sglang" / "model-update-gate-0.5.2
 def requirements_key(version: str) -> str:
     digest = hashlib.sha256(REQUIREMENTS.read_bytes())
     digest.update(version.encode())
+    digest.update(" ".join(EXTRA_PINS.get(version, ())).encode())
     digest.update(sys.version.split()[0].encode())
     return digest.hexdigest()[:16]
 
@@ -106,7 +110,7 @@ def ensure(version: str = "", hook: bool = False) -> Path:
             # --find-links: the SGLang wheel cached by the compatibility tests, if there.
             _run([str(python_of(building)), "-m", "pip", "install", "-q", "--no-deps",
                   "--find-links", str(CACHE), "-r", str(REQUIREMENTS),
-                  f"sglang=={version}"], log)
+                  f"sglang=={version}", *EXTRA_PINS.get(version, ())], log)
             if hook:        # the upstream change, as a maintainer would apply it
                 site = next((building / "lib").glob("python3*/site-packages"))
                 _run(["patch", "-p2", "--forward", "--batch", "-d", str(site), "-i",

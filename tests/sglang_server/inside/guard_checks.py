@@ -238,6 +238,7 @@ def data_parallel_rule_is_the_releases_own() -> None:
     import sglang.srt.managers.tokenizer_control_mixin as control
     import sglang.srt.runtime_context as runtime_context
 
+    from pyshmlock.integrations import _sglang_patches
     from pyshmlock.integrations import sglang as integration
 
     def parallel() -> Any:
@@ -254,7 +255,7 @@ def data_parallel_rule_is_the_releases_own() -> None:
         except AttributeError:
             sglang_allows = True
         try:
-            integration._check_dp(method, method)
+            _sglang_patches._check_dp(method, method)
             allows = True
         except AssertionError:
             allows = False
