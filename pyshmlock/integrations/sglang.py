@@ -56,7 +56,6 @@ from ._sglang_patches import (
     _served,
 )
 from ._sglang_targets import MULTI as _MULTI
-from ._sglang_targets import PATCHED
 
 __all__ = [
     "ABORT_RESEND_SECONDS",
@@ -69,6 +68,7 @@ __all__ = [
     "PATCHED",
     "SGLANG_APP_PATH",
     "TESTED_VERSIONS",
+    "USED",
     "Check",
     "IncompatibleSGLangError",
     "SharedGateCondition",
@@ -90,6 +90,14 @@ logger = logging.getLogger(__name__)
 #: SGLang releases this integration was tested with (tests/sglang_server/,
 #: run against each by .ci/run).
 TESTED_VERSIONS: Tuple[str, ...] = ("0.5.21", "0.5.22", "0.5.23")
+#: (module, class, attribute) of everything install() replaces; each must be
+#: defined by that class itself.
+PATCHED: Tuple[Tuple[str, str, str], ...] = targets.PATCHED
+#: The methods the replacements call on a manager (checked like PATCHED;
+#: ``--check`` lists every other target too).
+USED: Tuple[Tuple[str, str, str], ...] = tuple(
+    (t.module, t.owner, t.name) for t in targets.TARGETS
+    if t.kind == "method" and (t.module, t.owner, t.name) not in targets.PATCHED)
 #: Set to 1 to install on a release not in TESTED_VERSIONS.
 ENV_UNTESTED = "PYSHMLOCK_SGLANG_UNTESTED"
 #: The lock's name; default ``sglang-<port>`` (unique per server on a host).
