@@ -207,6 +207,9 @@ struct shl_lock {
      * liveness lock on the byte of its slot (liveness.c), and asks about
      * the others'.  -1 before open. */
     int lockfd;
+    /* The segment's shm_open name, to open a liveness descriptor again in a
+     * forked child that could not reopen the inherited one (reattach). */
+    char path[SHL_PATH_MAX];
     /* g_fork_gen when self was taken.  Stored with release after self, loaded
      * with acquire before self is read: a thread of a forked child that sees
      * the new generation also sees the slot another thread just took. */
@@ -426,6 +429,9 @@ void handle_discard(shl_lock *h);        /* never published: recycled */
 typedef int (*handle_visit)(shl_lock *h, void *arg);
 int handles_sweep(handle_visit fn, void *arg, int *open);   /* open handles, under the lock */
 void handles_after_fork(void);
+void lfd_lock(void);                     /* the liveness descriptors' mutex (handles.c) */
+void lfd_unlock(void);
+int liveness_reopen(shl_lock *h);        /* a liveness descriptor by name (a forked child) */
 
 /* process.c: this process's attachments and fork generation. */
 extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child; relaxed: compared

@@ -38,6 +38,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -101,17 +102,42 @@ static uint64_t ns_inode(const char *path)
     return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
+/* Does our /proc show our own PID namespace?  /proc/self/status's NSpid
+ * line lists our pid in every PID namespace from the one /proc was mounted
+ * for down to ours: one number, and it is getpid(), only if that is ours.
+ * (A /proc of an ancestor namespace names us by another pid, except by
+ * chance: the same number can be our pid in both.)  Before Linux 4.1 (no
+ * NSpid) /proc/self against getpid() is all there is. */
+static int proc_is_ours(void)
+{
+    char buf[4096];
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    char *p = strstr(buf, "\nNSpid:");
+    if (p != NULL) {
+        char *end;
+        unsigned long first = strtoul(p + 7, &end, 10);
+        return end != p + 7 && (*end == '\n' || *end == 0) && first == (unsigned long)getpid();
+    }
+    char link[32];
+    ssize_t k = readlink("/proc/self", link, sizeof link - 1);
+    if (k <= 0)
+        return 0;
+    link[k] = 0;
+    return strtoul(link, NULL, 10) == (unsigned long)getpid();
+}
+
 static void read_view(void)
 {
     g_pidns = ns_inode("/proc/self/ns/pid");
     g_timens = ns_inode("/proc/self/ns/time");   /* 0 before Linux 5.6: no time namespaces */
-    char link[32];
-    ssize_t n = readlink("/proc/self", link, sizeof link - 1);
-    if (n > 0) {
-        link[n] = 0;
-        /* /proc mounted from another PID namespace names us differently. */
-        g_proc_ours = strtoul(link, NULL, 10) == (unsigned long)getpid();
-    }
+    g_proc_ours = proc_is_ours();
 }
 
 uint64_t liveness_pidns(void)
@@ -198,6 +224,15 @@ static int task_pass(const char *dir, int *tids, int cap, int *n)
     return all;
 }
 
+/* /proc has no entry for pid: is the process gone, or only hidden from us
+ * (/proc mounted hidepid=2, "invisible": another user's processes are not
+ * listed)?  kill() with no signal tells, whatever /proc shows: ESRCH is
+ * gone; a process that is there but hidden cannot be judged from /proc. */
+static int missing_means_gone(uint32_t pid)
+{
+    return kill((pid_t)pid, 0) < 0 && errno == ESRCH ? 1 : -1;
+}
+
 /*
  * Can the process (pid, start) still run user code, as our /proc tells it?
  * 1: gone (no such process, a different one under its pid, or every thread
@@ -219,7 +254,7 @@ static int proc_says_gone(uint32_t pid, uint64_t start)
     snprintf(path, sizeof path, "/proc/%u/stat", pid);
     int k = read_stat(path, &st, &flags, &now_start);
     if (k < 0)
-        return 1;               /* reaped */
+        return missing_means_gone(pid);   /* reaped, or hidden from us */
     if (k < 3)
         return -1;
     if (now_start != start)
@@ -231,6 +266,8 @@ static int proc_says_gone(uint32_t pid, uint64_t start)
     int *b = a + CAP, na = 0, nb = 0;
     snprintf(path, sizeof path, "/proc/%u/task", pid);
     int r = task_pass(path, a, CAP, &na);
+    if (r == 1 && na == 0)
+        r = missing_means_gone(pid);      /* no task listed: reaped since, or hidden */
     if (r == 1 && na <= CAP)
         r = task_pass(path, b, CAP, &nb);
     if (r == 1) {

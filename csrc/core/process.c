@@ -60,13 +60,24 @@ struct kept {
 
 static pthread_mutex_t k_call_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t k_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t k_cv = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t k_cv = PTHREAD_COND_INITIALIZER;   /* answers: callers wait */
+/* Requests: keeper k waits on k_ask[k] alone.  A thread that exits while it
+ * waits on a glibc condition variable leaves it unusable (a later
+ * broadcast waits for that waiter to leave its group, for ever): a keeper
+ * that exits alone must take only its own with it. */
+static pthread_cond_t k_ask[KEEPER_MAX];
 static int k_started, k_op, k_result;   /* k_started 0: no keeper (yet, or after fork) */
 static uint64_t k_req, k_done;
 static pthread_mutex_t *k_target;
 static uint32_t k_who;                  /* the keeper the request is for */
 static uint32_t k_nkeepers;             /* under k_call_mu, like all below */
 static uint32_t k_count[KEEPER_MAX];    /* mutexes each keeper holds */
+/* Each keeper's thread id (it writes its own, under k_mu, before it serves),
+ * and whether it is known to have exited.  A keeper can exit alone (a raw
+ * exit system call in that thread, a seccomp filter that kills a thread):
+ * its requests would never be answered. */
+static pid_t k_tid[KEEPER_MAX];
+static int k_gone[KEEPER_MAX];
 static struct kept *k_held;
 static size_t k_nheld, k_capheld;
 /* Serialises taking a slot (reattach).  Process-private too, so it
@@ -83,9 +94,10 @@ static void *keeper_main(void *arg)
     /* Named for ps -L and debuggers (at most 15 characters). */
     pthread_setname_np(pthread_self(), "pyshmlock-keep");
     pthread_mutex_lock(&k_mu);
+    k_tid[me] = (pid_t)syscall(SYS_gettid);
     for (;;) {
         while (k_done == k_req || k_who != me)
-            pthread_cond_wait(&k_cv, &k_mu);
+            pthread_cond_wait(&k_ask[me], &k_mu);
         int r;
         if (k_op == KEEP_TRYLOCK) {
             r = pthread_mutex_trylock(k_target);
@@ -114,27 +126,54 @@ static int start_keeper(void)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 64 * 1024);
+    pthread_cond_init(&k_ask[k_nkeepers], NULL);
     /* A keeper must never take a signal meant for the application. */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int r = pthread_create(&t, &attr, keeper_main, (void *)(uintptr_t)k_nkeepers);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
-    if (r == 0)
+    if (r == 0) {
+        k_tid[k_nkeepers] = 0;
+        k_gone[k_nkeepers] = 0;
         k_count[k_nkeepers++] = 0;
+    }
     return r;
 }
 
-/* Run one request on keeper `who`.  Caller holds k_call_mu and k_mu. */
+/* Has keeper `who` exited?  Asked when a request has waited KEEPER_ASK_NS
+ * without an answer.  A thread id that no thread of this process has is
+ * gone for good (a keeper not yet started has written no id: not gone).
+ * Caller holds k_mu. */
+#define KEEPER_ASK_NS (50LL * 1000 * 1000)
+static int keeper_gone(uint32_t who)
+{
+    if (!k_gone[who] && k_tid[who] != 0 &&
+        syscall(SYS_tgkill, getpid(), k_tid[who], 0) < 0 && errno == ESRCH) {
+        k_gone[who] = 1;
+        k_count[who] = KEEPER_CAPACITY;   /* never chosen again */
+    }
+    return k_gone[who];
+}
+
+/* Run one request on keeper `who`.  Caller holds k_call_mu and k_mu.
+ * KEEPER_GONE if that keeper has exited (its request is dropped: the next
+ * one overwrites it). */
+#define KEEPER_GONE (-2)
 static int keeper_run(uint32_t who, int op, pthread_mutex_t *m)
 {
     k_op = op;
     k_target = m;
     k_who = who;
     uint64_t mine = ++k_req;
-    pthread_cond_broadcast(&k_cv);
-    while (k_done != mine)
-        pthread_cond_wait(&k_cv, &k_mu);
+    pthread_cond_signal(&k_ask[who]);
+    while (k_done != mine) {
+        struct timespec ts;
+        ns_to_timespec((int64_t)real_ns() + KEEPER_ASK_NS, &ts);   /* k_cv waits on CLOCK_REALTIME */
+        if (pthread_cond_timedwait(&k_cv, &k_mu, &ts) == ETIMEDOUT && k_done != mine &&
+            keeper_gone(who))
+            return KEEPER_GONE;
+    }
     return k_result;
 }
 
@@ -160,6 +199,7 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
         k_started = 1;
     }
     if (op == KEEP_TRYLOCK) {
+    again:;
         uint32_t who = 0;
         while (who < k_nkeepers && k_count[who] >= KEEPER_CAPACITY)
             who++;
@@ -181,6 +221,8 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
             r = -1;
         } else {
             r = keeper_run(who, KEEP_TRYLOCK, m);
+            if (r == KEEPER_GONE)
+                goto again;      /* it never touched m: ask another keeper */
             if (r == 0 || r == EOWNERDEAD) {
                 k_held[k_nheld++] = (struct kept){m, dev, ino, slot, who};
                 k_count[who]++;
@@ -193,8 +235,14 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
         if (i == k_nheld) {
             r = EPERM;    /* no keeper of ours holds it */
         } else {
-            r = keeper_run(k_held[i].keeper, KEEP_UNLOCK, m);
-            k_count[k_held[i].keeper]--;
+            uint32_t who = k_held[i].keeper;
+            r = k_gone[who] ? KEEPER_GONE : keeper_run(who, KEEP_UNLOCK, m);
+            /* A keeper that exited left m marked OWNER_DIED (the kernel's
+             * robust list): nothing of ours to unlock. */
+            if (r == KEEPER_GONE)
+                r = 0;
+            else
+                k_count[who]--;
             k_held[i] = k_held[--k_nheld];
         }
     }
@@ -289,7 +337,9 @@ static uint32_t probe_platform(void)
 static void init_once(void)
 {
     g_platform = probe_platform();
-    pthread_atfork(NULL, NULL, after_fork_in_child);
+    /* fork() waits while a thread opens, hands over or closes a liveness
+     * descriptor (handles.c, "the liveness descriptors' mutex"). */
+    pthread_atfork(lfd_lock, lfd_unlock, after_fork_in_child);
 }
 
 uint32_t core_platform(void)
@@ -400,9 +450,11 @@ int reattach(shl_lock *h)
         atomic_store_explicit(&h->self, -1, memory_order_relaxed);
         /* An attached process always has a lease watchdog (a forked child
          * gets its own here): no watchdog, no attachment.  A forked child
-         * whose handle could get no liveness descriptor of its own (no
-         * /proc to reopen it through) cannot attach. */
-        r = h->lockfd < 0 ? (errno = ENOENT, SHL_ESYS) : wd_start();
+         * whose handle could get no liveness descriptor of its own at the
+         * fork (no descriptor free, no /proc) opens one now, by name. */
+        r = liveness_reopen(h);
+        if (r == SHL_OK)
+            r = wd_start();
         if (r == SHL_OK)
             r = attach_slot(h);
         if (r == SHL_OK)

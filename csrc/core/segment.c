@@ -312,18 +312,12 @@ static int liveness_fd(int fd, const char *path, const struct stat *st)
     return lfd;
 }
 
-/* Make the handle for a mapped, validated segment: take a slot, apply a
- * lease that has already passed, and publish it (handles.c); *out is its
- * token.  lfd is its liveness descriptor, the handle's from here on. */
-static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const struct stat *st,
-                      int no_slot, int lfd, shl_lock **out)
+/* Make the handle h (from handle_new, with its liveness descriptor) serve a
+ * mapped, validated segment: take a slot, apply a lease that has already
+ * passed, and publish it (handles.c); *out is its token. */
+static int new_handle(shl_lock *h, struct shl_header *hd, size_t size, uint32_t max,
+                      const struct stat *st, int no_slot, shl_lock **out)
 {
-    shl_lock *h = handle_new();
-    if (!h) {
-        close(lfd);
-        return SHL_ESYS;
-    }
-    h->lockfd = lfd;
     h->hdr = hd;
     h->slots = (struct shl_slot *)(hd + 1);
     h->map_size = size;
@@ -332,10 +326,8 @@ static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const st
     h->ino = (uint64_t)st->st_ino;
     h->no_slot = no_slot;
     int r = ensure_attached(h);
-    if (r != SHL_OK) {
-        handle_discard(h);
+    if (r != SHL_OK)
         return r;
-    }
     /* A segment whose host lease has already passed (its host's agent died
      * with every process) is paused before this open returns, so the caller
      * can admit nothing.  The handle is not published yet: no enter(). */
@@ -404,16 +396,34 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
     size_t size = 0;
     uint32_t max = max_processes;
     struct stat st;
-    int r = created ? create_segment(fd, path, mode, group, max_processes,
+    /* The handle and its liveness descriptor first, before a created
+     * segment is initialised: an open that cannot have them (EMFILE)
+     * leaves no segment behind.  The descriptor is opened and given to the
+     * handle under the descriptors' mutex (handles.c: a fork meanwhile
+     * closes it in the child). */
+    shl_lock *h = handle_new();
+    int r = h != NULL && fstat(fd, &st) == 0 ? SHL_OK : SHL_ESYS;
+    if (r == SHL_OK) {
+        snprintf(h->path, sizeof h->path, "%s", path);
+        lfd_lock();
+        h->lockfd = liveness_fd(fd, path, &st);
+        if (h->lockfd < 0)
+            r = SHL_ESYS;
+        lfd_unlock();
+    }
+    if (r != SHL_OK && created) {
+        int e = errno;
+        shm_unlink(path);     /* empty, never marked ready: nobody uses it */
+        errno = e;
+    }
+    if (r == SHL_OK)
+        r = created ? create_segment(fd, path, mode, group, max_processes,
                                      (flags & SHL_OPEN_FAIL_CLOSED) != 0, &hd, &size)
                     : open_existing(fd, mode, group, info, &hd, &size, &max);
     if (r == SHL_EVERSION)
         info->live = (uint32_t)other_layout_users(fd, (size_t)info->size, &info->layout,
                                                   &info->live_pid);
     if (r == SHL_OK && fstat(fd, &st) != 0)
-        r = SHL_ESYS;
-    int lfd = -1;
-    if (r == SHL_OK && (lfd = liveness_fd(fd, path, &st)) < 0)
         r = SHL_ESYS;
     int e = errno;
     close(fd);
@@ -423,10 +433,16 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
         info->created = created;
         info->replaced = replaced;
         info->max_processes = max;
-        r = new_handle(hd, size, max, &st, (flags & SHL_OPEN_NO_SLOT) != 0, lfd, out);
+        r = new_handle(h, hd, size, max, &st, (flags & SHL_OPEN_NO_SLOT) != 0, out);
     }
-    if (r != SHL_OK && hd)
-        munmap(hd, size);
+    if (r != SHL_OK) {
+        e = errno;
+        if (h != NULL)
+            handle_discard(h);
+        if (hd)
+            munmap(hd, size);
+        errno = e;
+    }
     return r;
 }
 
