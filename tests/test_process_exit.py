@@ -59,14 +59,10 @@ def keeper_exits_alone(pid):
     try:
         g.expect("(gdb)", 20)
         g.send("interrupt -a")
-        g.send("thread apply all bt 8")
-        g.expect("k_cv", 20)          # the keeper waits on the keepers' condition
-        g.expect("(gdb)", 5)
-        num = None
-        for block in re.split(r"\nThread ", g.out):
-            if "<k_cv" in block:
-                num = re.match(r"\s*(\d+)", block).group(1)
-        assert num, g.out[-3000:]
+        # The keeper thread is named (pthread_setname_np): its stop notice
+        # says which gdb thread it is.
+        g.expect('"pyshmlock-keep" stopped', 20)
+        num = re.search(r'Thread (\d+) "pyshmlock-keep" stopped', g.out).group(1)
         g.send(f"thread {num}")
         g.send("call (long)syscall(60, 0)")   # SYS_exit: this thread only
         wait_for(lambda: len(set(os.listdir(f"/proc/{pid}/task"))) < len(before), 20,
@@ -162,3 +158,124 @@ def test_an_observer_shows_an_exiting_process_as_exiting_not_dead(lock_name):
             assert seen.writer_pid == holder.pid
         finally:
             kill(holder)
+
+
+# A process that goes on using pyshmlock after its keeper exited: each
+# command runs in a thread given 10 s, and the answer says whether it
+# finished ("hung" otherwise; the thread is a daemon, the test kills us).
+USER = textwrap.dedent('''
+    import sys, threading, pyshmlock
+    locks = {"a": pyshmlock.RWLock(sys.argv[1])}
+    print("ready", flush=True)
+    def run(cmd, name):
+        if cmd == "open":
+            locks[name] = pyshmlock.RWLock(sys.argv[2] if name == "b" else sys.argv[1])
+            return "opened"
+        if cmd == "write":
+            ok = locks[name].acquire_write(5)
+            locks[name].release_write()
+            return "wrote" if ok else "timed out"
+        if cmd == "close":
+            locks.pop(name).close()
+            return "closed"
+    for line in sys.stdin:
+        cmd, name = line.split()
+        out = []
+        t = threading.Thread(target=lambda: out.append(run(cmd, name)), daemon=True)
+        t.start()
+        t.join(10)
+        print(out[0] if out else "hung", flush=True)
+''')
+
+
+def ask(p, cmd):
+    p.stdin.write(cmd + "\n")
+    p.stdin.flush()
+    return p.stdout.readline().strip()
+
+
+@pytest.mark.parametrize("first", ["close", "open"])
+def test_a_process_whose_keeper_exited_alone_can_still_close_and_open_locks(
+        lock_name, first):
+    """Its keeper is gone, but the process runs on and may open and close
+    locks as any other: neither waits for ever for the dead keeper (a close
+    also holds the registry lock that every open takes), and the slot it
+    gave up is free for the next process."""
+    other = lock_name + "-b"
+    user = spawn(USER, lock_name, other)
+    try:
+        assert user.stdout.readline().strip() == "ready"
+        keeper_exits_alone(user.pid)
+        if first == "close":
+            assert ask(user, "close a") == "closed"
+            with pyshmlock.RWLock(lock_name).attached() as lk:
+                assert user.pid not in lk.info().attached_pids
+            assert ask(user, "open a") == "opened"
+        else:
+            assert ask(user, "open b") == "opened"
+            assert ask(user, "write b") == "wrote"
+            assert ask(user, "close b") == "closed"
+        assert ask(user, "write a") == "wrote"
+    finally:
+        kill(user)
+        try:
+            pyshmlock.unlink(other, force=True)
+        except FileNotFoundError:
+            pass
+
+
+# A writer that releases on request, and an asyncio task parked behind it.
+RELEASER = textwrap.dedent('''
+    import sys, pyshmlock
+    lk = pyshmlock.RWLock(sys.argv[1])
+    assert lk.acquire_write(5)
+    print("holding", flush=True)
+    sys.stdin.readline()
+    lk.release_write()
+    print("released", flush=True)
+    sys.stdin.readline()
+''')
+PARKED = textwrap.dedent('''
+    import asyncio, sys, pyshmlock
+    async def main():
+        alock = pyshmlock.AsyncRWLock(sys.argv[1])
+        task = asyncio.ensure_future(alock.acquire_read(60))
+        await asyncio.sleep(0)
+        # Every thread started before "parked" (the test counts them).
+        line = asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        print("parked", flush=True)
+        await line
+        try:
+            alock.close()
+            print("closed while parked", flush=True)
+        except pyshmlock.LockInUseError:
+            print("close refused", flush=True)
+        print("admitted" if await task else "timed out", flush=True)
+        alock.release_read()
+    asyncio.run(main())
+''')
+
+
+@pytest.mark.parametrize("whose", ["writer", "waiter"])
+def test_a_parked_task_and_an_exiting_process(lock_name, whose):
+    """A task parked behind a writer, when the writer's keeper (or the
+    task's own process's) exited alone: close() during the park refuses,
+    and the writer's release admits the task (no poll, no lost wake-up)."""
+    writer = spawn(RELEASER, lock_name)
+    waiter = None
+    try:
+        assert writer.stdout.readline().strip() == "holding"
+        waiter = spawn(PARKED, lock_name)
+        assert waiter.stdout.readline().strip() == "parked"
+        keeper_exits_alone(writer.pid if whose == "writer" else waiter.pid)
+        waiter.stdin.write("close\n")
+        waiter.stdin.flush()
+        assert waiter.stdout.readline().strip() == "close refused"
+        writer.stdin.write("release\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline().strip() == "released"
+        assert waiter.stdout.readline().strip() == "admitted"
+    finally:
+        kill(writer)
+        if waiter is not None:
+            kill(waiter)
