@@ -8,6 +8,7 @@ import os
 
 import pytest
 from conftest import FORK
+from helpers import wait_for
 from holders import hold_until_told
 
 import pyshmlock
@@ -36,6 +37,10 @@ def test_a_parked_attempt_awaited_by_a_second_task_is_refused(lock_name, childre
 
     asyncio.run(main())
     blocker.expect("released")
+    # The helper thread may still be in its last sleep (woken by the
+    # release, not yet out): it holds nothing; wait for it to leave.
+    wait_for(lambda: os.getpid() not in alock.info().waiters, 30,
+             what="the helper's last sleep")
     info = alock.info()
     assert info.writer_pid != os.getpid() and os.getpid() not in info.waiters
     alock.close()
@@ -59,6 +64,10 @@ def test_sending_a_parked_attempt_before_its_wake_up_is_refused(lock_name, child
 
     asyncio.run(main())
     blocker.expect("released")
+    # The helper thread may still be in its last sleep (woken by the
+    # release, not yet out): it holds nothing; wait for it to leave.
+    wait_for(lambda: os.getpid() not in alock.info().waiters, 30,
+             what="the helper's last sleep")
     info = alock.info()
     assert info.writer_pid != os.getpid() and os.getpid() not in info.waiters
     alock.close()
