@@ -244,6 +244,13 @@ int shl_attach(shl_lock *h);
  * handle, which is reused under a new one (an old token would meet its own
  * generation again only after 2^32 reuses of that handle). */
 int shl_close(shl_lock *h);
+/* shl_close in two steps: begin decides (the refusals above; SHL_OK: h is
+ * closed, no call can enter it, and the caller must finish), never blocks;
+ * finish gives the slot back and unmaps, and may wait a moment for the
+ * lease watchdog or the keeper thread.  (The binding begins with the GIL
+ * held, which its fast calls hold throughout, and finishes without it.) */
+int shl_close_begin(shl_lock *h);
+void shl_close_finish(shl_lock *h);
 /* Remove the name.  SHL_EBUSY (and *attached set) if other live processes
  * are attached and force == 0.  Without force it looks inside the segment
  * only if this effective uid owns it (SHL_EPERM otherwise), and it removes
@@ -296,6 +303,31 @@ int shl_fence_get(shl_lock *h, uint64_t *fence, uint64_t *applied);
 int shl_try(shl_lock *h, shl_waiter *w);
 int shl_wait(shl_lock *h, shl_waiter *w, int64_t deadline_ns);
 void shl_cancel(shl_lock *h, shl_waiter *w);
+/*
+ * The binding's fast calls: shl_try, an uncontended read, and the releases
+ * (kind SHL_KIND_READ/WRITE/UPDATE), on a handle rather than a token and
+ * without the in-flight count every other entry point keeps (two atomic
+ * read-modify-writes and the token's resolution).  shl_fast_handle(token)
+ * gives the handle of an open token (NULL: closed).  The caller keeps it
+ * only while the token is open, and guarantees that no shl_close_begin of
+ * it runs during one of these calls: the binding (csrc/fastpath) makes them
+ * and every shl_close_begin with the GIL held, and these never release it,
+ * and it forgets the handle before it closes the token.
+ *   shl_fast_read       SHL_OK: a read hold, as shl_try gives it; SHL_AGAIN:
+ *                       not granted at once, nothing left behind (make an
+ *                       attempt).
+ *   shl_fast_exclusive  the first shl_try of a fresh waiter of `kind`
+ *                       (SHL_KIND_WRITE or SHL_KIND_UPDATE, flags 0), made
+ *                       in w only if needed: after SHL_AGAIN, w is the
+ *                       attempt's waiter (to wait on or cancel); after an
+ *                       error nothing is left behind.
+ */
+shl_lock *shl_fast_handle(shl_lock *token);
+int shl_fast_try(shl_lock *h, shl_waiter *w);
+int shl_fast_read(shl_lock *h);
+int shl_fast_exclusive(shl_lock *h, int kind, shl_waiter *w);
+int shl_fast_release_read(shl_lock *h);
+int shl_fast_release_exclusive(shl_lock *h, int kind);
 
 
 /* The asyncio watcher: one C thread per (process, lock), started on the

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ._args import SHM_DIR as SHM_DIR
 from ._args import SHM_PREFIX as SHM_PREFIX
 from ._args import segment_path
+from ._fastpath import close_handle
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for, open_error
 
@@ -103,7 +104,7 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         # keep its attachment, drop this handle (unless it is a closed one).
         shared = _share_open(att)
         if shared is not None:
-            lib.shl_close(out[0])
+            close_handle(out[0])
             return shared
         att = _registry[key] = _Attachment(out[0], key, name)
         att.refs += 1
@@ -165,7 +166,7 @@ _close_hooks: List[Callable[[_Attachment], None]] = []
 
 def _detach(att: _Attachment) -> None:
     if not att.registered:
-        rc = lib.shl_close(att.handle)
+        rc = close_handle(att.handle)
         if rc != _OK and rc != lib.SHL_ECLOSED:
             raise error_for(rc, "close", att.name)
         att.refs = 0
@@ -174,7 +175,7 @@ def _detach(att: _Attachment) -> None:
         if att.refs == 1:
             for hook in _close_hooks:
                 hook(att)
-            rc = lib.shl_close(att.handle)
+            rc = close_handle(att.handle)
             if rc == lib.SHL_EBUSY:
                 raise LockInUseError(
                     f"lock {att.name!r}: close() while this process still holds it; "

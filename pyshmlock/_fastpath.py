@@ -19,9 +19,11 @@ __all__ = ["CALL_NAMES", "KINDS", "AsyncLock", "Attempt", "Done", "Hold", "Lock"
            "address", "deadline_ns", "setup"]
 
 # Every entry point the fast module calls.
-ENTRY_POINTS = ("shl_try", "shl_wait", "shl_cancel", "shl_release_read",
-                "shl_release_write", "shl_release_update", "shl_is_paused",
-                "shl_session_pin")
+ENTRY_POINTS = ("shl_try", "shl_fast_handle", "shl_fast_try", "shl_fast_read",
+                "shl_fast_exclusive", "shl_fast_release_read", "shl_fast_release_exclusive",
+                "shl_release_read", "shl_release_write", "shl_release_update",
+                "shl_close_begin", "shl_close_finish", "shl_wait",
+                "shl_cancel", "shl_is_paused", "shl_session_pin")
 
 Lock = _fast.Lock
 AsyncLock = _fast.AsyncLock
@@ -47,6 +49,14 @@ collections.abc.Coroutine.register(Done)
 def address(handle: Any) -> int:
     """The integer address of a cffi ``shl_lock *`` (0 for NULL)."""
     return int(ffi.cast("uintptr_t", handle))
+
+
+def close_handle(handle: Any) -> int:
+    """shl_close of a cffi ``shl_lock *``, with the GIL held throughout (every
+    close goes through here: the fast calls, which hold the GIL from start
+    to end, skip the core's in-flight count because no close can run
+    during them)."""
+    return int(_fast.close(address(handle)))
 
 
 def _error(rc: int, what: str, name: Any, err: int) -> BaseException:

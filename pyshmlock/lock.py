@@ -482,10 +482,18 @@ class RWLock(_fastpath.Lock):
         att = self._att
         if att is None:
             return
-        _detach(att)
+        # The fast methods forget the handle before the core may close it
+        # (they skip the core's in-flight count: see shl_fast_handle); other
+        # threads' calls meanwhile go through the token, and its count.
+        self._fast_forget()
+        try:
+            _detach(att)
+        except BaseException:
+            self._fast_bind(_fastpath.address(self._h))     # still open
+            raise
+        self._fast_bind(0)
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
-        self._fast_bind(0)
 
     def attached(self) -> ContextManager["RWLock"]:
         """``with RWLock(name).attached() as lock:`` - the lock for the block,

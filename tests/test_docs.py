@@ -21,10 +21,10 @@ def _mutants():
 
 
 def _forever_years():
-    """The timeout ceiling of the fast path (csrc/fastpath/calls.c): any wait
-    this long or longer waits forever."""
+    """The timeout ceiling of the fast path (csrc/fastpath/fastpath.h): any
+    wait this long or longer waits forever."""
     m = re.search(r"#define FOREVER_S \(\(double\)\(1LL << (\d+)\) / 1e9\)",
-                  read("csrc", "fastpath", "calls.c"))
+                  read("csrc", "fastpath", "fastpath.h"))
     assert m, "FOREVER_S moved: update this test"
     return int(2 ** int(m.group(1)) / 1e9 / (365.25 * 86400))
 

@@ -2,12 +2,15 @@
 
 The release loads the state word, checks that it names this process's
 granted claim, and clears the claim with a CAS from the word it loaded; a
-failed CAS reloads and tries again.  The owner is checked on every value the
-CAS compares against: if the word meanwhile names another claimant (only a
-corrupt segment, or a recovery that took a live process for dead, can do
-that), the release refuses (CorruptSegmentError) and leaves that claim
-alone.  The window between the check and the CAS is held open with gdb
-(tests/debugger.py), and the word rewritten there through a raw mapping."""
+failed CAS reloads and tries again.  (The common release, a word that is
+exactly this claim without SUSPECT or SLEEPERS, CASes from the very value it
+checked: a change in between fails the CAS and sends it to the loop.)  The
+owner is checked on every value the CAS compares against: if the word
+meanwhile names another claimant (only a corrupt segment, or a recovery
+that took a live process for dead, can do that), the release refuses
+(CorruptSegmentError) and leaves that claim alone.  The window between
+the check and the CAS is held open with gdb (tests/debugger.py), and the
+word rewritten there through a raw mapping."""
 import mmap
 import os
 import shutil
@@ -24,7 +27,7 @@ pytestmark = [
 ]
 
 STATE_OFF = 64        # the state word: first field of the header's second cache line
-OWNER_MASK, GRANTED = 0xFFF, 0x2000
+OWNER_MASK, GRANTED, SUSPECT = 0xFFF, 0x2000, 0x40000
 
 HOLDER = textwrap.dedent('''
     import sys, pyshmlock
@@ -65,13 +68,14 @@ def test_a_release_whose_word_changed_owner_clears_nothing(lock_name):
         assert holder.stdout.readline().strip() == "holding"
         mine = _state(lock_name)
         assert mine & OWNER_MASK and mine & GRANTED
+        # A suspect word takes the release through its loop, which reads the
+        # count of suspect marks between the owner check and the CAS
+        # (release_unmark; suspect_after before the fast release existed).
+        _set_state(lock_name, mine | SUSPECT)
         g = Gdb(holder.pid)
         g.expect("(gdb)", 20)
-        # Between the release's owner check and its CAS: the count of
-        # suspect marks is read there (suspect_after; before layout 4,
-        # unmark_suspect just ahead of the CAS loop).
+        g.send("break release_unmark")
         g.send("break suspect_after")
-        g.send("break unmark_suspect")
         g.send("continue -a &")
         holder.stdin.write("release\n")
         holder.stdin.flush()

@@ -249,9 +249,23 @@ def test_results_and_timeouts(lock, writer, lock_name):
 
 # (Timeouts of more than ~290 years overflow the int64 deadline in
 # deadline_ns itself; making it saturate is another change.)
-@pytest.mark.parametrize("timeout", [0, 0.0, -0.0, 1, 2.5, 1e8, 1e8 + 1, 1e9, True,
-                                     "0.5", math.inf, None, -1, -0.001, math.nan, "x",
-                                     object()])
+class _Float(float):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+# 0..256 are the interpreter's small ints, which the fast path knows by
+# address: the values at and beyond both ends of that range, and the
+# subclasses and cached negatives that must not pass for them.
+TIMEOUTS = [0, 0.0, -0.0, 1, 2.5, 1e8, 1e8 + 1, 1e9, True, "0.5", math.inf, None, -1,
+            -0.001, math.nan, "x", object(), 255, 256, 257, -5, 2 ** 70, _Float(2.5),
+            _Float(-1.0), _Int(3), _Int(-3), -math.inf]
+
+
+@pytest.mark.parametrize("timeout", TIMEOUTS)
 def test_timeout_rule_is_deadline_ns(lock, timeout):
     """Whatever deadline_ns accepts or refuses, the C methods and the holds
     accept or refuse the same way, with the same exception."""
@@ -271,7 +285,29 @@ def test_timeout_rule_is_deadline_ns(lock, timeout):
             with pytest.raises(type(expected)) as got:
                 acquire(timeout)
             assert str(got.value) == str(expected)
+            with pytest.raises(type(expected)) as got:
+                acquire(**{"timeout": timeout})
+            assert str(got.value) == str(expected)
     assert not lock.is_locked()
+
+
+@pytest.mark.parametrize("timeout", [t for t in TIMEOUTS if not isinstance(t, (int, float))
+                                     or t is True or t != t or t < 0])
+def test_a_bad_timeout_raises_whether_or_not_the_lock_is_free(lock, writer, timeout):
+    """The timeout is checked before the first try, not only once a try has
+    failed: a held lock and a free one refuse it alike, and the refusal
+    leaves nothing behind."""
+    if timeout is None:
+        pytest.skip("None is a valid timeout")
+    with pytest.raises(Exception) as expected:
+        deadline_ns(timeout)
+    for call in (lock.acquire_read, lock.acquire_write, lock.acquire_update,
+                 lambda t: lock.read(t).__enter__(), lambda t: lock.write(t).__enter__()):
+        with pytest.raises(type(expected.value)) as got:
+            call(timeout)
+        assert str(got.value) == str(expected.value)
+    info = lock.info()
+    assert os.getpid() not in info.queued_readers and info.writer_pid != os.getpid()
 
 
 def test_argument_errors(lock):

@@ -29,23 +29,28 @@ def _scratch(tmp_path):
     return copy
 
 
-def _edit(path, old, new):
+def _edit(path, old, new, *, nth=0, count=1):
+    """Replace the nth of exactly `count` occurrences of old."""
     text = path.read_text()
-    assert text.count(old) == 1, old
-    path.write_text(text.replace(old, new))
+    assert text.count(old) == count, old
+    at = -1
+    for _ in range(nth + 1):
+        at = text.index(old, at + 1)
+    path.write_text(text[:at] + new + text[at + len(old):])
 
 
 def test_the_sources_pass():
     assert _lint().lint(CSRC) == []
 
 
-def test_a_weakened_model_step_is_caught(tmp_path):
+@pytest.mark.parametrize("nth", [0, 1], ids=["try_read", "fast_read"])
+def test_a_weakened_model_step_is_caught(tmp_path, nth):
     copy = _scratch(tmp_path)
     _edit(copy / "core" / "protocol.c",
           "uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); "
           "/* [model:READ_LOOK] */",
           "uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_acquire); "
-          "/* [model:READ_LOOK] */")
+          "/* [model:READ_LOOK] */", nth=nth, count=2)
     found = _lint().lint(str(copy))
     assert [f.what for f in found] == [
         "atomic_load_explicit mirrors model step(s) READ_LOOK but is acquire, not seq_cst"]

@@ -182,6 +182,10 @@ MUTANTS: Dict[str, Mutant] = {
                              "(lost wake-up)"),
     "NO_DRAIN_WAKE": Mutant(TWO,
                             "leaving reader does not wake the drainers (lost wake-up)"),
+    "ARM_WITHOUT_RESCAN": Mutant(TWO,
+                                 "writer arms DRAINERS after its scan and sleeps without "
+                                 "scanning again: a reader that left in between woke "
+                                 "nobody (lost wake-up)"),
     "READ_IGNORES_PAUSE": Mutant(TWO, "read admitted while paused"),
     "RESUME_IGNORES_UPDATE": Mutant(TWO,
                                     "resume completes during an update"),

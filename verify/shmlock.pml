@@ -721,8 +721,11 @@ inline acquire_excl(kind) {
     :: claimed ->
         /* [model:DRAIN_SEQ] */
         seq_same[me] = 1;
-        /* [model:DRAIN_ARM] */
-        atomic { st = st | DRAINERS; s = st };
+        /* [model:DRAIN_LOOK] DRAINERS is set only before a sleep (excl_wait):
+         * a claim that drains nothing leaves it as it was */
+        atomic { s = st };
+        drain_armed = 0;
+excl_look:
 #ifndef RELEASE_PROPERTY_ONLY
         assert(OWNER(s) == me + 1);          /* nobody clears a live claim */
 #else
@@ -788,6 +791,20 @@ inline acquire_excl(kind) {
         :: else -> nread = 0
         fi;
 excl_wait:
+        if
+        :: !drain_armed ->
+            /* [model:DRAIN_ARM] before the first sleep of this pass; then
+             * look and scan again (a reader or owed reader that leaves after
+             * the scan sees DRAINERS and bumps drain_seq) */
+            atomic { st = st | DRAINERS; s = st };
+#ifdef MUTANT_ARM_WITHOUT_RESCAN
+            drain_armed = 0     /* sleeps on what the scan before the arm saw */
+#else
+            drain_armed = 1;
+            goto excl_look
+#endif
+        :: else -> drain_armed = 0
+        fi;
         wait_drain();
         if
         :: timed_out ->   /* shl_cancel */
@@ -1007,7 +1024,8 @@ inline session_end() {
     us = 0; um = 0
 
 /* every local of a user process but `me`: once it is dead or done */
-#define FORGET_ALL n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS
+#define FORGET_ALL n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; \
+                   drain_armed = 0; RESET_LOCALS
 
 inline user_ops() {
     n = 0;
@@ -1129,7 +1147,7 @@ proctype user(byte me) {
     int s, armed;
     byte i, k, got, watched, owed, nread, n, kind, lim;
     byte registered;        /* bit p: counted in rwait[2 * me + p] */
-    bool changed, timed_out, admitted, was_last, claimed, granted_now, cas_ok;
+    bool changed, timed_out, admitted, was_last, claimed, granted_now, cas_ok, drain_armed;
     bool cleared, gone;
     byte my_epoch, old_epoch, claim_epoch, mytoken, phase, xkind, mymarks, my_half, writer;
     bool w_at_look;

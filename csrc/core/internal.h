@@ -221,7 +221,7 @@ struct shl_lock {
     _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
                                        or EXCL_IN_SESSION (claimed while PINNED) */
     int32_t no_slot;                /* SHL_OPEN_NO_SLOT: an operator's handle */
-    _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
+    _Atomic unsigned long excl_thread;  /* this_thread() of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
     /* The handle's generation (high 32 bits: a token names exactly one),
      * H_CLOSED, H_CLOSING and the calls inside the core on it (low 30
@@ -507,6 +507,19 @@ void wd_after_fork(void);
 #pragma GCC visibility pop
 
 /* h->self, relaxed (see its declaration). */
+/* This thread's identity for excl_thread: unique among the live threads
+ * of the process, as pthread_self() is.  On x86-64 and aarch64 the thread
+ * pointer (one register read, no call: the exclusive fast path has no call
+ * left in it); elsewhere pthread_self(). */
+static inline unsigned long this_thread(void)
+{
+#if defined(__x86_64__) || defined(__aarch64__)
+    return (unsigned long)__builtin_thread_pointer();
+#else
+    return (unsigned long)pthread_self();
+#endif
+}
+
 static inline int32_t self_slot(const shl_lock *h)
 {
     return atomic_load_explicit(&h->self, memory_order_relaxed);
@@ -527,14 +540,20 @@ static inline int32_t attached_slot(shl_lock *h)
 /* Every entry point starts here.  After fork() the child holds nothing and
  * owns no slot; it takes one of its own on first use (reattach).  Inline:
  * the read fast path passes through it on every call. */
+/* The slot check of ensure_attached, for a handle that takes slots: this
+ * process (not a forked parent) holds a slot in h. */
+static inline int attached_here(shl_lock *h)
+{
+    return __builtin_expect(atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
+                                atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
+                            && self_slot(h) >= 0, 1);
+}
+
 static inline int ensure_attached(shl_lock *h)
 {
     if (h->no_slot)
         return SHL_OK;          /* an operator's handle never takes a slot */
-    if (__builtin_expect(h != NULL &&
-                         atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
-                             atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
-                         && self_slot(h) >= 0, 1))
+    if (h != NULL && attached_here(h))
         return SHL_OK;
     return reattach(h);
 }

@@ -3,7 +3,10 @@
  * state word.  Read admission, exclusive claims and their drain, phase
  * fairness, and the releases; the pause gate's own steps are gate.c's and
  * update sessions session.c's.  Sleeping is wait.c's; a dead process's
- * leftovers are reclaimed by slots.c.
+ * leftovers are reclaimed by slots.c.  Longer than the other files because
+ * the binding's fast calls (shl_fast_*) are here beside the steps they
+ * write straight: the same [model:] steps, in the same orders, read
+ * together.
  *
  * ======================================================================
  *  Protocol overview (docs/DESIGN.md has the long form and the proofs)
@@ -194,7 +197,7 @@ int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
     return !w->shared_thread &&
            atomic_load_explicit(&h->held_excl, memory_order_acquire) != 0 &&
            atomic_load_explicit(&h->excl_thread, memory_order_relaxed) ==
-               (unsigned long)pthread_self();
+               this_thread();
 }
 
 /* Take back this waiter's owed-reader registrations (one per parity it
@@ -283,7 +286,7 @@ granted:
 static uint32_t arm_drainers(shl_lock *h)
 {
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
-    while (!(s & ST_DRAINERS)) {   /* [model:DRAIN_ARM] */
+    while (!(s & ST_DRAINERS)) {   /* [model:DRAIN_ARM] (also try_wait_drained's) */
         if (atomic_compare_exchange_weak_explicit(&h->hdr->state, &s, s | ST_DRAINERS,
                                                   memory_order_seq_cst, memory_order_seq_cst))
             return s | ST_DRAINERS;
@@ -291,17 +294,24 @@ static uint32_t arm_drainers(shl_lock *h)
     return s;
 }
 
-static void grant_exclusive(shl_lock *h, shl_waiter *w)
+static void grant_exclusive(shl_lock *h, int kind)
 {
-    w->claimed = 0;   /* from here on it is a hold, not an attempt */
     /* excl_thread first, then held_excl with release: see excl_is_this_thread. */
-    atomic_store_explicit(&h->excl_thread, (unsigned long)pthread_self(), memory_order_relaxed);
-    atomic_store_explicit(&h->held_excl, w->kind, memory_order_release);
+    atomic_store_explicit(&h->excl_thread, this_thread(), memory_order_relaxed);
+    atomic_store_explicit(&h->held_excl, kind, memory_order_release);
     atomic_store_explicit(&h->hdr->exclusive_pid, h->pid, memory_order_relaxed);
 }
 
 /* The claimant waits for owed readers, sets GRANTED, then waits for the
- * readers counted in the slots (see "Phase fairness" at the top). */
+ * readers counted in the slots (see "Phase fairness" at the top).
+ *
+ * DRAINERS is set only when a scan found someone to wait for, and then the
+ * scan is made again before sleeping (arm, then scan: the Dekker pair with
+ * a leaving reader's "decrement, then look for DRAINERS" in wake_drainers).
+ * A claim that finds nobody leaves the bit as it was: arming it on every
+ * claim would make the next release of a last read hold clear it, bump
+ * drain_seq and make a futex system call for nobody (a write, then a read,
+ * uncontended, paid one each). */
 static int drain_for_exclusive(shl_lock *h, shl_waiter *w)
 {
     struct shl_header *hd = h->hdr;
@@ -309,28 +319,36 @@ static int drain_for_exclusive(shl_lock *h, shl_waiter *w)
     /* Read the counter before arming and scanning: a reader that leaves
      * after our scan bumps it, so the futex wait cannot miss that. */
     uint32_t seq = atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst); /* [model:DRAIN_SEQ] */
-    uint32_t s = arm_drainers(h);
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst); /* [model:DRAIN_LOOK] */
+    int armed = 0;
     for (;;) {
         if (owner_of(s) != (uint32_t)self_slot(h) + 1)
             return SHL_ECORRUPT;   /* nobody else may clear a live claim */
-        if (s & ST_GRANTED)
-            break;
-        if (!(s & ST_PAUSED) && sum_owed(h, (w->claim_epoch + 1) & 1) > 0) { /* [model:DRAIN_OWED_SCAN] */
-            w->on_drain = 1;
-            w->expect = seq;
-            return SHL_AGAIN;
-        }
-        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_GRANTED, /* [model:EXCL_GRANT] */
-                                                  memory_order_seq_cst, memory_order_seq_cst)) {
+        if (!(s & ST_GRANTED)) {
+            if (!(s & ST_PAUSED) && sum_owed(h, (w->claim_epoch + 1) & 1) > 0) { /* [model:DRAIN_OWED_SCAN] */
+                if (armed)
+                    break;         /* sleep on drain_seq */
+                s = arm_drainers(h);
+                armed = 1;
+                continue;
+            }
+            if (!atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_GRANTED, /* [model:EXCL_GRANT] */
+                                                       memory_order_seq_cst, memory_order_seq_cst))
+                continue;
             s |= ST_GRANTED;
-            break;
         }
-    }
-    /* GRANTED is set (seq_cst); now count readers once more.  A paused lock
-     * freezes readers in the application, so an update stops waiting. */
-    if ((update && (s & ST_PAUSED)) || sum_readers(h) == 0) {   /* [model:DRAIN_READER_SCAN] */
-        grant_exclusive(h, w);
-        return SHL_OK;
+        /* GRANTED is set (seq_cst); now count readers once more.  A paused
+         * lock freezes readers in the application, so an update stops
+         * waiting. */
+        if ((update && (s & ST_PAUSED)) || sum_readers(h) == 0) {   /* [model:DRAIN_READER_SCAN] */
+            w->claimed = 0;   /* from here on a hold, not an attempt */
+            grant_exclusive(h, w->kind);
+            return SHL_OK;
+        }
+        if (armed)
+            break;
+        s = arm_drainers(h);
+        armed = 1;
     }
     w->on_drain = 1;
     w->expect = seq;
@@ -381,7 +399,8 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
         w->claimed = 1;
         w->claim_epoch = ST_EPOCH(ns);
         if (ns & ST_GRANTED) {
-            grant_exclusive(h, w);
+            w->claimed = 0;   /* from here on a hold, not an attempt */
+            grant_exclusive(h, w->kind);
             return SHL_OK;
         }
     }
@@ -424,6 +443,141 @@ int shl_try(shl_lock *h, shl_waiter *w)
     RUN_IN_FLIGHT(h, do_try(h, w));
 }
 
+/*
+ * The binding's fast calls (shmlock.h: shl_fast_handle).  The in-flight
+ * bracket keeps a close from unmapping a handle under a call; here the
+ * caller guarantees that no close begins during the call (the binding: the
+ * GIL, held by these calls throughout and by every shl_close_begin), and it
+ * forgets the handle before closing the token, so the handle is open.  The
+ * closed check that remains is a relaxed load of a word only a close
+ * changes (ordered by the caller's own serialisation with it): a defence,
+ * not the guarantee.
+ */
+shl_lock *shl_fast_handle(shl_lock *token)
+{
+    shl_lock *h = handle_of(token);
+    if (h == NULL)
+        return NULL;
+    uint64_t v = atomic_load_explicit(&h->inflight, memory_order_relaxed);
+    if (H_GEN(v) != token_gen(token) || (v & (H_CLOSED | H_CLOSING)))
+        return NULL;
+    return h;
+}
+
+static int fast_closed(shl_lock *h)
+{
+    return h == NULL || (atomic_load_explicit(&h->inflight, memory_order_relaxed) & H_CLOSED);
+}
+
+int shl_fast_try(shl_lock *h, shl_waiter *w)
+{
+    return fast_closed(h) ? SHL_ECLOSED : do_try(h, w);
+}
+
+/* try_read without a waiter, for the uncontended case: admitted at once
+ * (the gate open, nobody claiming), or backed out with nothing left behind
+ * (the caller then makes an attempt, which looks again and may queue). */
+int shl_fast_read(shl_lock *h)
+{
+    if (fast_closed(h))
+        return SHL_ECLOSED;
+    if (h->no_slot)
+        return SHL_EINVAL;
+    if (!attached_here(h)) {
+        int r = reattach(h);
+        if (r != SHL_OK)
+            return r;
+    }
+    struct shl_slot *me = &h->slots[self_slot(h)];
+    /* The reader half of the Dekker pair, as try_read (same steps). */
+    uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
+    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
+    if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0 && prev < SHL_READ_HOLDS_MAX, 1)) {
+        atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
+        return SHL_OK;
+    }
+    if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
+        wake_drainers(h);
+    return SHL_AGAIN;
+}
+
+/*
+ * The first try of a fresh exclusive waiter (kind WRITE or UPDATE), as
+ * try_exclusive makes it, with the claim written straight for the common
+ * case: a word with no claim, pause, pin or sleeper in it.  The same steps
+ * in the same order with the same memory orders (CLAIM_MARKS, EXCL_CLAIM,
+ * then the drain); any other word, or a claim CAS that loses, goes to
+ * try_exclusive, which decides from the word it loads itself.  w is written
+ * only when the answer is not SHL_OK: the waiter to go on with after
+ * SHL_AGAIN; after an error nothing is left behind (the claim withdrawn).
+ */
+/* shl_fast_exclusive past its straight line, out of it (so that the line
+ * makes no call but tail calls): the attempt's waiter made in w, then
+ * try_exclusive (ns 0: no claim made) or the general drain of the claim ns;
+ * after an error the claim is withdrawn. */
+static __attribute__((noinline)) int fast_exclusive_rest(shl_lock *h, int kind, shl_waiter *w,
+                                                         uint32_t ns)
+{
+    int r;
+    if (ns == 0) {
+        *w = (shl_waiter){.kind = kind};
+        r = try_exclusive(h, w);
+    } else {
+        *w = (shl_waiter){.kind = kind, .claimed = 1, .claim_epoch = ST_EPOCH(ns)};
+        r = drain_for_exclusive(h, w);
+    }
+    if (r != SHL_OK && r != SHL_AGAIN && w->claimed)
+        do_cancel(h, w);
+    return r;
+}
+
+static __attribute__((noinline)) int fast_exclusive_reattach(shl_lock *h, int kind,
+                                                             shl_waiter *w)
+{
+    int r = reattach(h);
+    return r != SHL_OK ? r : shl_fast_exclusive(h, kind, w);
+}
+
+int shl_fast_exclusive(shl_lock *h, int kind, shl_waiter *w)
+{
+    if (fast_closed(h))
+        return SHL_ECLOSED;
+    if (h->no_slot)             /* an operator's handle has no slot to count a hold in */
+        return SHL_EINVAL;
+    if (!attached_here(h))
+        return fast_exclusive_reattach(h, kind, w);
+    struct shl_header *hd = h->hdr;
+    /* relaxed: only the claim CAS's expected value (as in try_exclusive) */
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
+    if (__builtin_expect(s & (ST_CLAIM_BITS | ST_PAUSED | ST_PINNED | ST_SLEEPERS), 0))
+        return fast_exclusive_rest(h, kind, w, 0);
+    uint32_t marks = atomic_load_explicit(&hd->marks, memory_order_seq_cst); /* [model:CLAIM_MARKS] */
+    uint32_t ns = (s + ST_EPOCH_ONE) | ((uint32_t)self_slot(h) + 1) |
+                  (kind == SHL_KIND_UPDATE ? ST_UPDATE : 0);
+    /* seq_cst: writer half of the Dekker pair with try_read. */
+    if (!atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                 memory_order_seq_cst)) /* [model:EXCL_CLAIM] */
+        return fast_exclusive_rest(h, kind, w, 0);
+    atomic_store_explicit(&h->excl_marks, marks, memory_order_relaxed);
+    /* The drain, straight: the word is taken to be ns, the value our claim
+     * wrote (the look of drain_for_exclusive made at once); the GRANTED CAS
+     * compares against it, so a word changed since sends us on to the
+     * general drain, as a failed CAS of its own would.  No owed reader and
+     * no reader: granted, without DRAINERS (we never sleep here). */
+    uint32_t claimed = ns;
+    if (sum_owed(h, (ST_EPOCH(ns) + 1) & 1) == 0 && /* [model:DRAIN_OWED_SCAN] */
+        atomic_compare_exchange_strong_explicit(&hd->state, &ns, ns | ST_GRANTED, /* [model:EXCL_GRANT] */
+                                                memory_order_seq_cst, memory_order_seq_cst) &&
+        sum_readers(h) == 0) {   /* [model:DRAIN_READER_SCAN] */
+        grant_exclusive(h, kind);
+        return SHL_OK;
+    }
+    /* Someone to wait for, or the word changed: the general drain, from
+     * its start (DRAIN_SEQ, a look, the scans again, DRAINERS before a
+     * sleep). */
+    return fast_exclusive_rest(h, kind, w, claimed);
+}
+
 void do_cancel(shl_lock *h, shl_waiter *w)
 {
     if (self_slot(h) < 0 || atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
@@ -460,7 +614,11 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
 
 /* -------------------------------------------------- releases and the pause */
 
-static int do_release_read(shl_lock *h)
+/* Inlined in full into the fast calls, shl_fast_release_*: no call and no
+ * split-off part on the uncontended path. */
+#define FAST_INLINE static inline __attribute__((always_inline))
+
+FAST_INLINE int do_release_read(shl_lock *h)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -491,45 +649,64 @@ int shl_release_read(shl_lock *h)
     RUN_IN_FLIGHT(h, do_release_read(h));
 }
 
-static int do_release_exclusive(shl_lock *h, int kind)
+/* do_release_exclusive's rare steps, out of its line. */
+static __attribute__((noinline, cold)) int release_refused(shl_lock *h, int kind)
 {
-    int r = ensure_attached(h);
-    if (r != SHL_OK)
-        return r;
-    struct shl_header *hd = h->hdr;
-    int32_t k = kind;
-    if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
-                                                 memory_order_relaxed))
-        return SHL_ENOHOLD;
-    uint32_t me = (uint32_t)self_slot(h) + 1;
-    uint32_t kind_bit = kind == SHL_KIND_UPDATE ? ST_UPDATE : 0;
-    /* A completed exclusive section makes the data trustworthy again, as
-     * far as the marks made before its claim go (suspect_after). */
+    atomic_store_explicit(&h->held_excl, kind, memory_order_release);
+    return SHL_ECORRUPT;
+}
+
+/* ns (from the word s, SUSPECT set) as the release's CAS should write it:
+ * a completed exclusive section makes the data trustworthy again, as far
+ * as the marks made before its claim go (suspect_after); under a session's
+ * pin it clears nothing. */
+static __attribute__((noinline)) uint32_t release_unmark(shl_lock *h, uint32_t ns)
+{
     uint32_t mine = atomic_load_explicit(&h->excl_marks, memory_order_relaxed);
+    return mine == EXCL_IN_SESSION ? ns : suspect_after(h, ns, mine); /* [model:RELEASE_UNMARK] */
+}
+
+/* do_release_exclusive after its held_excl step: the loop on the word. */
+static int release_exclusive_word(shl_lock *h, int kind)
+{
+    struct shl_header *hd = h->hdr;
+    /* The claim bits of our hold: our slot, GRANTED, the UPDATE bit of our kind. */
+    const uint32_t ours = ((uint32_t)self_slot(h) + 1) | ST_GRANTED |
+                          (kind == SHL_KIND_UPDATE ? ST_UPDATE : 0);
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-    for (;;) {
+    uint32_t ns;
+    do {
         /* [model:RELEASE_OWNER] Ours, granted, of our kind: checked on every
          * value the CAS compares against, not only the first.  Nothing but
          * the recovery of our own (dead) process may clear our claim; a word
          * that names another claimant means a corrupt segment, and clearing
          * its claim would let a third party in beside it. */
-        if (owner_of(s) != me || !(s & ST_GRANTED) || (s & ST_UPDATE) != kind_bit) {
-            atomic_store_explicit(&h->held_excl, kind, memory_order_release);
-            return SHL_ECORRUPT;
-        }
+        if ((s & ST_CLAIM_BITS) != ours)
+            return release_refused(h, kind);
         atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
-        uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
-        if (mine != EXCL_IN_SESSION)
-            ns = suspect_after(h, ns, mine);   /* [model:RELEASE_UNMARK] */
+        ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
+        /* (Without SUSPECT in the word the count cannot change the CAS.) */
+        if (ns & ST_SUSPECT)
+            ns = release_unmark(h, ns);
         /* seq_cst (release at least): everything written under the hold is
          * visible to whoever is admitted next. */
-        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                  memory_order_seq_cst)) /* [model:EXCL_RELEASE] */
-            break;
-    }
+    } while (!atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                    memory_order_seq_cst)); /* [model:EXCL_RELEASE] */
     if (s & ST_SLEEPERS)
         futex_wake_all(&hd->state);
     return SHL_OK;
+}
+
+static int do_release_exclusive(shl_lock *h, int kind)
+{
+    int r = ensure_attached(h);
+    if (r != SHL_OK)
+        return r;
+    int32_t k = kind;
+    if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return SHL_ENOHOLD;
+    return release_exclusive_word(h, kind);
 }
 
 static int release_exclusive(shl_lock *h, int kind)
@@ -539,6 +716,39 @@ static int release_exclusive(shl_lock *h, int kind)
 
 int shl_release_write(shl_lock *h)  { return release_exclusive(h, SHL_KIND_WRITE); }
 int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDATE); }
+
+int shl_fast_release_read(shl_lock *h)
+{
+    return fast_closed(h) ? SHL_ECLOSED : do_release_read(h);
+}
+
+/* do_release_exclusive with the common word written straight: ours,
+ * without SUSPECT or SLEEPERS (nothing to unmark, nobody to wake); the
+ * same steps (RELEASE_OWNER on the value the CAS compares against,
+ * EXCL_RELEASE); anything else, or a CAS that loses, goes to the loop. */
+int shl_fast_release_exclusive(shl_lock *h, int kind)
+{
+    if (fast_closed(h))
+        return SHL_ECLOSED;
+    if (h->no_slot || !attached_here(h))
+        return do_release_exclusive(h, kind);
+    int32_t k = kind;
+    if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return SHL_ENOHOLD;
+    struct shl_header *hd = h->hdr;
+    const uint32_t ours = ((uint32_t)self_slot(h) + 1) | ST_GRANTED |
+                          (kind == SHL_KIND_UPDATE ? ST_UPDATE : 0);
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    if ((s & (ST_CLAIM_BITS | ST_SUSPECT | ST_SLEEPERS)) != ours) /* [model:RELEASE_OWNER] */
+        return release_exclusive_word(h, kind);
+    atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
+    if (!atomic_compare_exchange_strong_explicit(&hd->state, &s, s & ~ST_CLAIM_BITS,
+                                                 memory_order_seq_cst,
+                                                 memory_order_seq_cst)) /* [model:EXCL_RELEASE] */
+        return release_exclusive_word(h, kind);
+    return SHL_OK;
+}
 
 static int do_is_locked(shl_lock *h)
 {

@@ -1,5 +1,7 @@
 /*
  * segment.c - opening, validating, closing and removing a segment.
+ * Longer than most files: these four share the checks of an untrusted
+ * segment.
  *
  * This is the boundary where shared memory is untrusted input.  An existing
  * segment is trusted only if its owner and mode pass segment_trusted
@@ -446,7 +448,17 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
     return r;
 }
 
-int shl_close(shl_lock *token)
+/* This process's slot in h, if the handle is attached in this process (not
+ * a forked child's inherited one): -1 otherwise. */
+static int32_t own_slot(shl_lock *h)
+{
+    int32_t self = self_slot(h);
+    return self >= 0 && atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
+                            atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
+               ? self : -1;
+}
+
+int shl_close_begin(shl_lock *token)
 {
     shl_lock *h = handle_of(token);
     if (h == NULL)
@@ -460,10 +472,8 @@ int shl_close(shl_lock *token)
                                                  memory_order_acquire, memory_order_relaxed))
         return (H_GEN(n) != token_gen(token) || (n & H_CLOSED)) ? SHL_ECLOSED
                                                                 : SHL_EINFLIGHT;
-    int32_t self = self_slot(h);
-    int ours = self >= 0 &&
-               atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
-                   atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
+    int32_t self = own_slot(h);
+    int ours = self >= 0;
     int r = SHL_OK;
     if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
                  atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0)) {
@@ -487,6 +497,17 @@ int shl_close(shl_lock *token)
     /* No call can be counted meanwhile (enter() waits while H_CLOSING is
      * set, and a failed enter() never changes the word). */
     atomic_store_explicit(&h->inflight, open | H_CLOSED, memory_order_release);
+    return SHL_OK;
+}
+
+void shl_close_finish(shl_lock *token)
+{
+    shl_lock *h = handle_of(token);
+    if (h == NULL || atomic_load_explicit(&h->inflight, memory_order_acquire) !=
+                         (((uint64_t)token_gen(token) << 32) | H_CLOSED))
+        return;       /* not a handle shl_close_begin just closed */
+    int32_t self = own_slot(h);
+    int ours = self >= 0;
     /* Off the open list before the slot is given up: this waits for a lease
      * watchdog sweep that may be looking at h (it may be taking a session's
      * ending in our slot's name, which must finish while the slot is ours:
@@ -505,7 +526,14 @@ int shl_close(shl_lock *token)
      * drops the GIL before the C function runs) finds H_CLOSED or another
      * generation, never the lock the recycled handle serves next. */
     handle_recycle(h);
-    return SHL_OK;
+}
+
+int shl_close(shl_lock *token)
+{
+    int r = shl_close_begin(token);
+    if (r == SHL_OK)
+        shl_close_finish(token);
+    return r;
 }
 
 /* Count the live (or exiting) processes attached to the mapped segment

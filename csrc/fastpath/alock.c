@@ -33,12 +33,10 @@ static PyObject *alock_acquire(PyObject *self, int kind, PyObject *const *args,
     if (lock == NULL)
         return NULL;
     const char *what = KIND[kind].call;
-    int64_t deadline = -1;
-    if (nargs != 0 || kwnames != NULL) {
-        PyObject *timeout = timeout_arg(what, args, nargs, kwnames);
-        if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
-            return NULL;
-    }
+    int64_t deadline;
+    PyObject *timeout = call_timeout(what, args, nargs, kwnames);
+    if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
+        return NULL;
     return attempt_new(lock, NULL, kind, 0, deadline, 0, what);
 }
 

@@ -67,16 +67,27 @@ static int begun_before_fork(const attempt_t *a)
     return a->fork_gen != atomic_load_explicit(&g_attempt_fork_gen, memory_order_relaxed);
 }
 
-void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
-                  int shared)
+/* A fresh waiter on the same lock: nothing registered, nothing pending. */
+static void attempt_reset(attempt_t *a, int kind, uint32_t flags, int64_t deadline, int shared)
 {
+    shl_lock *h = a->h;
+    const LockObject *lock = a->lock;
     memset(a, 0, sizeof *a);
     a->h = h;
+    a->lock = lock;
     a->deadline = deadline;
     a->w.kind = kind;
     a->w.flags = flags;
     a->w.shared_thread = shared;
     a->fork_gen = atomic_load_explicit(&g_attempt_fork_gen, memory_order_relaxed);
+}
+
+void attempt_init(attempt_t *a, const LockObject *lock, int kind, uint32_t flags,
+                  int64_t deadline, int shared)
+{
+    a->h = lock->h;
+    a->lock = lock;
+    attempt_reset(a, kind, flags, deadline, shared);
 }
 
 /* Withdraw the attempt's registrations, if it may hold any (those made
@@ -92,14 +103,17 @@ void attempt_cancel(attempt_t *a)
 
 /* One try.  SHL_OK had; SHL_AGAIN must wait (registrations kept, pending);
  * SHL_TIMEDOUT a try once of the caller's own exclusive hold; <0 an error.
- * Anything but SHL_OK and SHL_AGAIN leaves nothing behind.  GIL-free. */
-int attempt_try(attempt_t *a)
+ * Anything but SHL_OK and SHL_AGAIN leaves nothing behind.  held: the
+ * caller holds the GIL (the core's call without the in-flight count,
+ * shl_fast_try, serves: every close also holds it); else GIL-free. */
+static int attempt_try_as(attempt_t *a, int held)
 {
     /* Registrations of the parent's (see above): start afresh as the child's. */
     if (a->pending && begun_before_fork(a))
-        attempt_init(a, a->h, a->w.kind, a->w.flags, a->deadline, a->w.shared_thread);
+        attempt_reset(a, a->w.kind, a->w.flags, a->deadline, a->w.shared_thread);
     for (;;) {
-        int r = core.try_(a->h, &a->w);
+        shl_lock *fh = held ? attempt_fast_handle(a) : NULL;
+        int r = fh != NULL ? core.fast_try(fh, &a->w) : core.try_(a->h, &a->w);
         if (r == SHL_AGAIN) {
             a->pending = 1;
             return r;
@@ -111,21 +125,36 @@ int attempt_try(attempt_t *a)
         a->err = errno;
         a->pending = 1;
         attempt_cancel(a);
-        /* The shared-thread rule (see the head of this file). */
-        if (r == SHL_EDEADLK && a->deadline >= 0 && !a->w.shared_thread) {
+        /* The shared-thread rule (see the head of this file); a timed
+         * attempt's deadline is not forever (-1). */
+        if (r == SHL_EDEADLK && a->deadline != -1 && !a->w.shared_thread) {
             if (a->deadline == 0)
                 return SHL_TIMEDOUT;
-            attempt_init(a, a->h, a->w.kind, a->w.flags, a->deadline, 1);
+            attempt_reset(a, a->w.kind, a->w.flags, a->deadline, 1);
             continue;
         }
         return r;
     }
 }
 
-/* Is the deadline behind us (a try once always is)? */
-int attempt_past(const attempt_t *a)
+int attempt_try(attempt_t *a)
 {
-    return a->deadline == 0 || (a->deadline > 0 && monotonic_ns() >= a->deadline);
+    return attempt_try_as(a, 0);
+}
+
+int attempt_try_held(attempt_t *a)
+{
+    return attempt_try_as(a, 1);
+}
+
+/* Is the deadline behind us (a try once always is)?  A try failed: the
+ * deadline is made absolute now if it was not yet (calls.c). */
+int attempt_past(attempt_t *a)
+{
+    if (a->deadline == 0)
+        return 1;
+    a->deadline = deadline_now(a->deadline);
+    return a->deadline > 0 && monotonic_ns() >= a->deadline;
 }
 
 /*
@@ -143,15 +172,16 @@ int attempt_past(const attempt_t *a)
  * KeyboardInterrupt).  No Python code runs while the attempt holds a
  * registration: a handler may use the same lock.
  */
-static int attempt_wait(attempt_t *a)
+static int attempt_wait(attempt_t *a, int tried)
 {
-    int r = attempt_try(a);
+    int r = tried ? SHL_AGAIN : attempt_try_held(a);
     if (r != SHL_AGAIN)
         return r;
     if (a->deadline == 0) {       /* try once: nothing to wait for */
         attempt_cancel(a);
         return SHL_TIMEDOUT;
     }
+    a->deadline = deadline_now(a->deadline);   /* the first try failed: the clock now */
     PyThreadState *ts = PyEval_SaveThread();
     for (;;) {
         r = core.wait(a->h, &a->w, a->deadline);
@@ -179,17 +209,51 @@ static int attempt_wait(attempt_t *a)
 }
 
 /* A blocking attempt of `kind` on lock (a _fast.Lock) until deadline: 1 had,
- * 0 timed out, -1 with an exception set (what names the call). */
+ * 0 timed out, -1 with an exception set (what names the call).  A hold's
+ * first try is made through the core's fast calls (fastpath.h first_try). */
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what)
+{
+    shl_waiter w;
+    int r = flags == 0 ? first_try((const LockObject *)lock, kind, &w) : -1;
+    if (r == 1)
+        return 1;
+    return attempt_block_from(lock, kind, flags, deadline, what, r == 0 ? &w : NULL);
+}
+
+/* attempt_block after a first try (first_try's answer `first`, not 1) of a
+ * hold whose timeout is not converted yet (call_timeout): the deadline is
+ * computed now, and a timeout the rule refuses withdraws what the first
+ * try left. */
+int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, const char *what,
+                          int first, shl_waiter *w)
+{
+    int64_t deadline;
+    if (to_deadline(timeout, &deadline) < 0) {
+        if (first == 0)
+            core.cancel(((const LockObject *)lock)->h, w);
+        return -1;
+    }
+    return attempt_block_from(lock, kind, 0, deadline, what, first == 0 ? w : NULL);
+}
+
+/* attempt_block, after a first try (first_try) that must wait and left
+ * *first (NULL: no try made, or nothing left behind). */
+int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                       const char *what, const shl_waiter *first)
 {
     if (!g_ready)
         return not_ready();
     attempt_t a;
     for (;;) {
         /* (Re-)read the handle: a signal handler may have closed the lock. */
-        attempt_init(&a, ((LockObject *)lock)->h, kind, flags, deadline, 0);
-        int r = attempt_wait(&a);
+        attempt_init(&a, (LockObject *)lock, kind, flags, deadline, 0);
+        if (first != NULL) {    /* go on from the first try */
+            a.w = *first;
+            a.pending = 1;
+        }
+        int r = attempt_wait(&a, first != NULL);
+        first = NULL;
         if (r == SHL_OK)
             return 1;
         if (r == SHL_TIMEDOUT)
@@ -214,12 +278,13 @@ int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
  * session's token (an int), None if another session pinned first (wait
  * until unpinned, then try again), or NULL with the exception set.
  */
-PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns)
+PyObject *session_pin_held(PyObject *lock, int64_t ttl_ns)
 {
+    const LockObject *lo = (const LockObject *)lock;
     uint64_t token = 0;
-    int r = core.session_pin(h, ttl_ns, &token);
+    int r = core.session_pin(lo->h, ttl_ns, &token);
     int err = errno;
-    int rel = release(h, SHL_KIND_UPDATE);
+    int rel = release(lo->fh, lo->h, SHL_KIND_UPDATE);
     int rel_err = errno;
     const char *what = "begin_session";
     if (rel != 0 && (r == SHL_OK || r == SHL_AGAIN)) {

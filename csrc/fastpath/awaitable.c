@@ -223,10 +223,10 @@ typedef struct {
 /* A hold granted whose result cannot be handed over (no memory for it):
  * give it back, so that the MemoryError leaves nothing held.  The waits
  * (resume, wait_resumed, ...) hold nothing. */
-static void give_back_grant(shl_lock *h, int kind)
+static void give_back_grant(const attempt_t *a, int kind)
 {
     if (kind >= SHL_KIND_READ && kind <= SHL_KIND_UPDATE)
-        (void)release(h, kind);
+        (void)release(attempt_fast_handle(a), a->h, kind);
 }
 
 PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
@@ -235,10 +235,10 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
     if (!g_ready)
         return not_ready(), NULL;
     attempt_t a;
-    attempt_init(&a, ((LockObject *)lock)->h, kind, flags, deadline, 1);
+    attempt_init(&a, (LockObject *)lock, kind, flags, deadline, 1);
     int state = A_FRESH;
     if (now) {
-        int r = attempt_try(&a);
+        int r = attempt_try_held(&a);
         if (r == SHL_OK) {
             if (hold == NULL) {
                 Py_INCREF(g_done_true);
@@ -246,7 +246,7 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
             }
             PyObject *done = hold_done(hold);
             if (done == NULL)
-                give_back_grant(a.h, kind);
+                give_back_grant(&a, kind);
             return done;
         }
         if (r != SHL_AGAIN) {
@@ -321,7 +321,7 @@ static int attempt_finish(AttemptObject *o, int r, PyObject **out)
     forget_parked(o);
     if (r == SHL_OK) {
         if (o->session) {       /* no Python code between the grant and the pin */
-            *out = session_pin_held(o->lock, o->a.h, o->session_ttl);
+            *out = session_pin_held(o->lock, o->session_ttl);
             return *out != NULL ? 0 : -1;
         }
         *out = o->hold ? o->hold : Py_True;
@@ -391,14 +391,14 @@ static int attempt_step(AttemptObject *o, PyObject **out)
             PyErr_SetString(PyExc_RuntimeError, "attempt is being awaited already");
             return -1;
         }
-        r = attempt_try(&o->a);
+        r = attempt_try_held(&o->a);
         break;
     }
     case A_TRIED:
         r = SHL_AGAIN;
         break;
     default:                     /* A_FRESH: try */
-        r = attempt_try(&o->a);
+        r = attempt_try_held(&o->a);
         break;
     }
     for (;;) {
@@ -427,7 +427,7 @@ static int attempt_step(AttemptObject *o, PyObject **out)
             return 1;
         }
         Py_DECREF(fut);
-        r = attempt_try(&o->a);
+        r = attempt_try_held(&o->a);
     }
 }
 
@@ -450,7 +450,7 @@ static PyObject *attempt_return(AttemptObject *o, PyObject *out, int always)
     int granted = out != Py_False && !o->session;
     stop_with(out, always);
     if (granted && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_StopIteration))
-        give_back_grant(o->a.h, o->a.w.kind);
+        give_back_grant(&o->a, o->a.w.kind);
     return NULL;
 }
 
@@ -596,9 +596,10 @@ static PyObject *attempt_get_kind(PyObject *self, void *closure)
 static PyObject *attempt_get_remaining(PyObject *self, void *closure)
 {
     (void)closure;
-    int64_t d = ((AttemptObject *)self)->a.deadline;
-    if (d < 0)
+    AttemptObject *o = (AttemptObject *)self;
+    if (o->a.deadline == -1)
         Py_RETURN_NONE;
+    int64_t d = o->a.deadline = deadline_now(o->a.deadline);
     int64_t left = d - monotonic_ns();
     return PyFloat_FromDouble(left > 0 ? (double)left / 1e9 : 0.0);
 }

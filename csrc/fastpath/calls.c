@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -50,11 +51,6 @@ PyObject *kind_table(void)
 }
 
 /* ------------------------------------------------------------- deadlines */
-
-/* Any wait this long or longer is "forever": 2**62 ns is 146 years, and a
- * deadline of now + 2**62 ns cannot overflow int64 (CLOCK_MONOTONIC starts
- * near boot). */
-#define FOREVER_S ((double)(1LL << 62) / 1e9)
 
 int64_t monotonic_ns(void)
 {
@@ -102,14 +98,22 @@ static int overflowed(PyObject *timeout, double *t)
 }
 
 /*
- * The timeout rule: seconds -> an absolute CLOCK_MONOTONIC deadline in ns
- * (the clock of time.monotonic_ns()).  None, inf and any finite timeout of
- * 146 years or more wait forever (-1); 0 tries once; otherwise now + the
- * timeout, truncated like int().  Negative or NaN is a ValueError; anything
- * but None or a real number (a str, a bool) is a TypeError.  Exact floats
- * and ints, the common case, take no Python call.  0, or -1 with an
- * exception set.
+ * The timeout rule: seconds -> a deadline in ns.  None, inf and any finite
+ * timeout of 146 years or more wait forever (-1); 0 tries once; otherwise
+ * the timeout, truncated like int(), as a deadline not made absolute yet
+ * (DEADLINE_IN: below -1).  deadline_now() makes it absolute (now + the
+ * timeout on CLOCK_MONOTONIC, the clock of time.monotonic_ns()) when a try
+ * has failed: an attempt granted at once never reads the clock.  Negative
+ * or NaN is a ValueError; anything but None or a real number (a str, a
+ * bool) is a TypeError.  Exact floats and ints, the common case, take no
+ * Python call (and to_deadline_fast, fastpath.h, takes their common values
+ * in line).  0, or -1 with an exception set.
  */
+int64_t deadline_now(int64_t deadline)
+{
+    return deadline < -1 ? monotonic_ns() + (-2 - deadline) : deadline;
+}
+
 int to_deadline(PyObject *timeout, int64_t *out)
 {
     double t;
@@ -155,9 +159,83 @@ int to_deadline(PyObject *timeout, int64_t *out)
     } else if (t == 0.0) {      /* also -0.0 */
         *out = 0;
     } else {
-        *out = monotonic_ns() + (int64_t)(t * 1e9);
+        *out = DEADLINE_IN((int64_t)(t * 1e9));
     }
     return 0;
+}
+
+/* "timeout", interned: a keyword name written in a call is the interned
+ * string, so call_timeout (fastpath.h) knows it by its address. */
+PyObject *g_str_timeout;
+
+/*
+ * The small ints 0..256, which CPython keeps as one array of objects: a
+ * timeout that is one of them is a valid number of seconds, known by its
+ * address alone.  Found and checked at import (small_ints_ready); on an
+ * interpreter that keeps them otherwise, the range stays empty and every
+ * int takes the general check.
+ */
+uintptr_t g_small_lo = UINTPTR_MAX, g_small_span;
+
+void small_ints_ready(void)
+{
+    /* Every one of 0..256 must be the object at lo + i * step, and stay
+     * the same object when made again (kept, not made per call). */
+    PyObject *lo = PyLong_FromLong(0), *hi = PyLong_FromLong(256);
+    int ok = lo != NULL && hi != NULL && hi > lo;
+    ptrdiff_t step = ok ? ((const char *)hi - (const char *)lo) / 256 : 0;
+    for (long i = 0; ok && i <= 256; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        ok = v != NULL && (const char *)v == (const char *)lo + i * step &&
+             PyLong_AsLong(v) == i;
+        Py_XDECREF(v);
+    }
+    if (ok && step >= (ptrdiff_t)sizeof(PyObject)) {
+        g_small_lo = (uintptr_t)lo;
+        g_small_span = (uintptr_t)hi - (uintptr_t)lo;
+    }
+    Py_XDECREF(lo);
+    Py_XDECREF(hi);
+    PyErr_Clear();
+}
+
+/*
+ * Is `timeout` valid under the timeout rule?  0, or -1 with the rule's
+ * exception set.  None, a small non-negative int and a non-negative float
+ * are known without a conversion that matters; anything else takes the
+ * rule itself.  The deadline is computed only when a try has failed
+ * (to_deadline): a hold granted at once costs these checks only.
+ */
+int timeout_valid(PyObject *timeout)
+{
+    if (timeout == Py_None)
+        return 0;
+    if ((uintptr_t)timeout - g_small_lo <= g_small_span)
+        return 0;
+    if (PyFloat_CheckExact(timeout) && PyFloat_AsDouble(timeout) >= 0)
+        return 0;               /* (NaN is not >= 0: the rule raises) */
+    int64_t unused;
+    return to_deadline(timeout, &unused);
+}
+
+/* call_timeout (fastpath.h) with arguments: the timeout (borrowed) once
+ * valid, NULL with an exception set.  The two common forms, f(t) and
+ * f(timeout=t), take no parsing. */
+PyObject *call_timeout_arg(const char *what, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
+{
+    PyObject *timeout;
+    if (kwnames == NULL)
+        timeout = nargs == 1 ? args[0] : NULL;
+    else
+        timeout = nargs == 0 && PyTuple_Size(kwnames) == 1 &&
+                          PyTuple_GetItem(kwnames, 0) == g_str_timeout ? args[0] : NULL;
+    if (timeout == NULL) {
+        timeout = timeout_arg(what, args, nargs, kwnames);
+        if (timeout == NULL)
+            return NULL;
+    }
+    return timeout_valid(timeout) < 0 ? NULL : timeout;
 }
 
 /* Parse (timeout=None) from a vectorcall; NULL on error (borrowed). */
@@ -217,14 +295,4 @@ PyObject *lock_name(PyObject *self)
     if (n == NULL)
         PyErr_Clear();
     return n;   /* new reference or NULL (error_for then leaves the name out) */
-}
-
-/* Releases never block: the GIL stays held. */
-int release(shl_lock *h, int kind)
-{
-    switch (kind) {
-    case SHL_KIND_READ:  return core.release_read(h);
-    case SHL_KIND_WRITE: return core.release_write(h);
-    default:             return core.release_update(h);
-    }
 }

@@ -101,7 +101,11 @@ typedef PyObject *(*fastcall)(PyObject *, PyObject *const *, Py_ssize_t);
 
 typedef struct {
     PyObject_HEAD
-    shl_lock *h;                /* NULL: not bound yet, or closed */
+    shl_lock *h;                /* the token; NULL: not bound yet, or closed */
+    shl_lock *fh;               /* its handle, for the core's fast calls (shl_fast_handle);
+                                   NULL while a close() of the object decides, and after:
+                                   the calls then go through the token (its in-flight
+                                   count) */
 } LockObject;
 
 /* One attempt of one kind on one lock: its waiter (the core's bookkeeping
@@ -110,7 +114,10 @@ typedef struct {
 typedef struct {
     shl_waiter w;
     shl_lock *h;                /* the token the attempt was begun on */
-    int64_t deadline;           /* -1 forever, 0 try once, else CLOCK_MONOTONIC ns */
+    const LockObject *lock;     /* the object it was begun by (kept alive by the caller):
+                                   its handle for the fast calls, while still bound to h */
+    int64_t deadline;           /* -1 forever, 0 try once, > 0 CLOCK_MONOTONIC ns, or < -1
+                                   relative, made absolute when a try fails (calls.c) */
     int pending;                /* registrations may be held: shl_cancel owed */
     int err;                    /* errno of the failure, for SHL_ESYS */
     uint64_t fork_gen;          /* g_attempt_fork_gen when the waiter was begun */
@@ -121,11 +128,21 @@ typedef struct {
 /* calls.c: the core's entry points (set by setup()) and the calls on them. */
 struct core_table {
     int (*try_)(shl_lock *, shl_waiter *);
-    int (*wait)(shl_lock *, shl_waiter *, int64_t);
-    void (*cancel)(shl_lock *, shl_waiter *);
+    /* The fast calls (shmlock.h: shl_fast_handle), made with the GIL held. */
+    shl_lock *(*fast_handle)(shl_lock *);
+    int (*fast_try)(shl_lock *, shl_waiter *);
+    int (*fast_read)(shl_lock *);
+    int (*fast_exclusive)(shl_lock *, int, shl_waiter *);
+    int (*fast_release_read)(shl_lock *);
+    int (*fast_release_exclusive)(shl_lock *, int);
+    /* The same releases through the token (its in-flight count). */
     int (*release_read)(shl_lock *);
     int (*release_write)(shl_lock *);
     int (*release_update)(shl_lock *);
+    int (*close_begin)(shl_lock *);
+    void (*close_finish)(shl_lock *);
+    int (*wait)(shl_lock *, shl_waiter *, int64_t);
+    void (*cancel)(shl_lock *, shl_waiter *);
     int (*is_paused)(shl_lock *);
     int (*session_pin)(shl_lock *, int64_t, uint64_t *);
 };
@@ -144,27 +161,111 @@ extern const struct kind_names KIND[KIND_LAST + 1];
 
 int64_t monotonic_ns(void);
 int to_deadline(PyObject *timeout, int64_t *out);
+int64_t deadline_now(int64_t deadline);
 PyObject *timeout_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs,
                       PyObject *kwnames);
+extern PyObject *g_str_timeout;       /* "timeout", interned */
+
+/* Any wait this long or longer is "forever": 2**62 ns is 146 years, and a
+ * deadline of now + 2**62 ns cannot overflow int64 (CLOCK_MONOTONIC starts
+ * near boot). */
+#define FOREVER_S ((double)(1LL << 62) / 1e9)
+/* A deadline `ns` from now, not made absolute yet (calls.c to_deadline). */
+#define DEADLINE_IN(ns) (-2 - (ns))
+
+void small_ints_ready(void);
+int timeout_valid(PyObject *timeout);
+/* The small ints 0..256 (calls.c, small_ints_ready): the address of the
+ * first, and the span to the last (an empty range if not found). */
+extern uintptr_t g_small_lo, g_small_span;
+PyObject *call_timeout_arg(const char *what, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames);
+
+/* The (timeout=None) of a METH_FASTCALL | METH_KEYWORDS method, checked
+ * against the timeout rule but not converted (a bad one raises whether or
+ * not the lock is free; to_deadline computes the deadline once a try has
+ * failed): borrowed, or NULL with an exception set.  In line: the call
+ * without one. */
+static inline PyObject *call_timeout(const char *what, PyObject *const *args,
+                                     Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (kwnames == NULL) {
+        if (nargs == 0)
+            return Py_None;
+        /* f(t), t a small int (valid by its address alone) or a float
+         * >= 0 (NaN is not: the rule raises). */
+        if (nargs == 1) {
+            PyObject *t = args[0];
+            if ((uintptr_t)t - g_small_lo <= g_small_span ||
+                (PyFloat_CheckExact(t) && PyFloat_AsDouble(t) >= 0))
+                return t;
+        }
+    }
+    return call_timeout_arg(what, args, nargs, kwnames);
+}
 PyObject *raise_rc(int rc, const char *what, PyObject *name, int err);
 int not_ready(void);
 PyObject *lock_name(PyObject *self);
-int release(shl_lock *h, int kind);
+/* Releases never block: the GIL stays held from start to end, so the core's
+ * calls without the in-flight count serve (shl_fast_release_*) while the
+ * object has its handle (fh); without it (a close() deciding, or done) the
+ * release goes through the token h, which a closed one refuses
+ * (SHL_ECLOSED). */
+static inline int release(shl_lock *fh, shl_lock *h, int kind)
+{
+    if (fh != NULL)
+        return kind == SHL_KIND_READ ? core.fast_release_read(fh)
+                                     : core.fast_release_exclusive(fh, kind);
+    return kind == SHL_KIND_READ    ? core.release_read(h)
+           : kind == SHL_KIND_WRITE ? core.release_write(h)
+                                    : core.release_update(h);
+}
+/* The handle for an attempt's fast calls: its object's, while that object
+ * is still bound to the attempt's token (else NULL: through the token). */
+static inline shl_lock *attempt_fast_handle(const attempt_t *a)
+{
+    return a->lock != NULL && a->lock->h == a->h ? a->lock->fh : NULL;
+}
 /* lock.c: release `kind` of a _fast.Lock, raising the error it gives (None) */
 PyObject *lock_release(PyObject *lock, int kind);
 PyObject *kind_table(void);
 
 /* attempt.c: the attempt; awaitable.c: the attempt as an awaitable. */
-void attempt_init(attempt_t *a, shl_lock *h, int kind, uint32_t flags, int64_t deadline,
-                  int shared);
+void attempt_init(attempt_t *a, const LockObject *lock, int kind, uint32_t flags,
+                  int64_t deadline, int shared);
 int attempt_try(attempt_t *a);
+int attempt_try_held(attempt_t *a);
 int attempt_fork_ready(void);
-PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns);
+PyObject *session_pin_held(PyObject *lock, int64_t ttl_ns);
 PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns);
-int attempt_past(const attempt_t *a);
+int attempt_past(attempt_t *a);
 void attempt_cancel(attempt_t *a);
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what);
+int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                       const char *what, const shl_waiter *first);
+int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, const char *what,
+                          int first, shl_waiter *w);
+
+/*
+ * The first try of a blocking attempt, with the GIL held, through the
+ * core's fast calls, so that a hold granted at once sets no attempt up
+ * (the uncontended path).  1 had; 0 must wait, *w holding what the try
+ * left (an exclusive claim: the attempt goes on from it, attempt_block_from);
+ * -1 nothing left behind (not a hold; a read that must wait backs out; an
+ * error is withdrawn): the attempt starts afresh and meets the same answer.
+ */
+static inline int first_try(const LockObject *lo, int kind, shl_waiter *w)
+{
+    if (lo->fh == NULL)
+        return -1;              /* (the attempt goes through the token) */
+    if (kind == SHL_KIND_READ)
+        return core.fast_read(lo->fh) == SHL_OK ? 1 : -1;
+    if (kind != SHL_KIND_WRITE && kind != SHL_KIND_UPDATE)
+        return -1;
+    int r = core.fast_exclusive(lo->fh, kind, w);
+    return r == SHL_OK ? 1 : r == SHL_AGAIN ? 0 : -1;
+}
 PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
                       int64_t deadline, int now, const char *what);
 PyObject *done_new(PyObject *result);

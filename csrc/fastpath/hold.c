@@ -105,10 +105,12 @@ static PyObject *hold_enter(PyObject *self, PyObject *unused)
     Py_INCREF(lock);
     Py_INCREF(timeout);
     PyObject *result = NULL;
-    int64_t deadline;
-    if (to_deadline(timeout, &deadline) < 0)
+    if (timeout != Py_None && timeout_valid(timeout) < 0)
         goto done;
-    int r = attempt_block(lock, kind, 0, deadline, KIND[kind].hold);
+    shl_waiter w;
+    int r = first_try((const LockObject *)lock, kind, &w);
+    if (r != 1)
+        r = attempt_block_timeout(lock, kind, timeout, KIND[kind].hold, r, &w);
     if (r < 0)
         goto done;
     if (r == 0) {
@@ -146,12 +148,10 @@ static PyObject *hold_acquire_async(PyObject *self, PyObject *const *args, Py_ss
     HoldObject *ho = (HoldObject *)self;
     if (hold_ready(ho) < 0)
         return NULL;
-    int64_t deadline = -1;
-    if (nargs != 0 || kwnames != NULL) {
-        PyObject *timeout = timeout_arg("acquire", args, nargs, kwnames);
-        if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
-            return NULL;
-    }
+    int64_t deadline;
+    PyObject *timeout = call_timeout("acquire", args, nargs, kwnames);
+    if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
+        return NULL;
     return attempt_new(ho->lock, NULL, ho->kind, 0, deadline, 0, KIND[ho->kind].call);
 }
 
@@ -163,7 +163,8 @@ static int hold_give_back(HoldObject *ho)
     if (hold_ready(ho) < 0)
         return -1;
     int kind = ho->kind;
-    int r = release(((LockObject *)ho->lock)->h, kind);
+    const LockObject *lo = (const LockObject *)ho->lock;
+    int r = release(lo->fh, lo->h, kind);
     if (r == 0)
         return 0;
     int err = errno;

@@ -15,12 +15,10 @@ static PyObject *lock_wait_kind(PyObject *self, int kind, PyObject *const *args,
                                 Py_ssize_t nargs, PyObject *kwnames)
 {
     const char *what = KIND[kind].call;
-    int64_t deadline = -1;
-    if (nargs != 0 || kwnames != NULL) {
-        PyObject *timeout = timeout_arg(what, args, nargs, kwnames);
-        if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
-            return NULL;
-    }
+    int64_t deadline;
+    PyObject *timeout = call_timeout(what, args, nargs, kwnames);
+    if (timeout == NULL || to_deadline(timeout, &deadline) < 0)
+        return NULL;
     int r = attempt_block(self, kind, 0, deadline, what);
     if (r < 0)
         return NULL;
@@ -59,7 +57,7 @@ static PyObject *lock_begin_session_block(PyObject *self, PyObject *const *args,
         return NULL;
     if (r == 0)
         Py_RETURN_FALSE;
-    return session_pin_held(self, ((LockObject *)self)->h, (int64_t)ttl_ns);
+    return session_pin_held(self, (int64_t)ttl_ns);
 }
 
 /* _attempt_block(kind, deadline, flags=0) -> bool: the blocking attempt of
@@ -87,31 +85,47 @@ static PyObject *lock_attempt_block(PyObject *self, PyObject *const *args, Py_ss
     return PyBool_FromLong(r);
 }
 
+/* acquire_read/write/update(timeout=None): the first try through the
+ * core's fast calls, in line here (a hold granted at once sets up no
+ * attempt and reads no clock); the attempt only if that must wait. */
+static inline __attribute__((always_inline)) PyObject *lock_acquire(PyObject *self, int kind, PyObject *const *args,
+                                     Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *timeout = call_timeout(KIND[kind].call, args, nargs, kwnames);
+    if (timeout == NULL)
+        return NULL;
+    shl_waiter w;
+    int r = first_try((const LockObject *)self, kind, &w);
+    if (r == 1)
+        Py_RETURN_TRUE;
+    r = attempt_block_timeout(self, kind, timeout, KIND[kind].call, r, &w);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
 static PyObject *lock_acquire_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                    PyObject *kwnames)
 {
-    return lock_wait_kind(self, SHL_KIND_READ, args, nargs, kwnames);
+    return lock_acquire(self, SHL_KIND_READ, args, nargs, kwnames);
 }
 
 static PyObject *lock_acquire_write(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    return lock_wait_kind(self, SHL_KIND_WRITE, args, nargs, kwnames);
+    return lock_acquire(self, SHL_KIND_WRITE, args, nargs, kwnames);
 }
 
 static PyObject *lock_acquire_update(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                      PyObject *kwnames)
 {
-    return lock_wait_kind(self, SHL_KIND_UPDATE, args, nargs, kwnames);
+    return lock_acquire(self, SHL_KIND_UPDATE, args, nargs, kwnames);
 }
 
-PyObject *lock_release(PyObject *self, int kind)
+/* Release `kind` (fastpath.h release: one call of the core's), the error
+ * raised on the slow path. */
+static PyObject *release_failed(PyObject *self, int kind, int r)
 {
-    if (!g_ready)
-        return not_ready(), NULL;
-    int r = release(((LockObject *)self)->h, kind);
-    if (r == 0)
-        Py_RETURN_NONE;
     int err = errno;
     PyObject *name = lock_name(self);
     raise_rc(r, KIND[kind].release, name, err);
@@ -119,22 +133,36 @@ PyObject *lock_release(PyObject *self, int kind)
     return NULL;
 }
 
+static inline PyObject *lock_release_kind(PyObject *self, int kind)
+{
+    const LockObject *lo = (const LockObject *)self;
+    int r = release(lo->fh, lo->h, kind);
+    if (r == 0)
+        Py_RETURN_NONE;
+    return release_failed(self, kind, r);
+}
+
+PyObject *lock_release(PyObject *self, int kind)
+{
+    return lock_release_kind(self, kind);
+}
+
 static PyObject *lock_release_read(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return lock_release(self, SHL_KIND_READ);
+    return lock_release_kind(self, SHL_KIND_READ);
 }
 
 static PyObject *lock_release_write(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return lock_release(self, SHL_KIND_WRITE);
+    return lock_release_kind(self, SHL_KIND_WRITE);
 }
 
 static PyObject *lock_release_update(PyObject *self, PyObject *unused)
 {
     (void)unused;
-    return lock_release(self, SHL_KIND_UPDATE);
+    return lock_release_kind(self, SHL_KIND_UPDATE);
 }
 
 static PyObject *lock_paused(PyObject *self, void *closure)
@@ -152,13 +180,28 @@ static PyObject *lock_paused(PyObject *self, void *closure)
     return PyBool_FromLong(r == 1);
 }
 
-/* _fast_bind(address): the shl_lock * this object uses; 0 when closed. */
+/* _fast_bind(address): the shl_lock * (token) this object uses, and its
+ * handle for the fast calls; 0 before the token is closed. */
 static PyObject *lock_bind(PyObject *self, PyObject *addr)
 {
     void *p = PyLong_AsVoidPtr(addr);
     if (p == NULL && PyErr_Occurred())
         return NULL;
-    ((LockObject *)self)->h = (shl_lock *)p;
+    if (p != NULL && !g_ready)
+        return not_ready(), NULL;
+    LockObject *lo = (LockObject *)self;
+    lo->h = (shl_lock *)p;
+    lo->fh = p != NULL ? core.fast_handle(lo->h) : NULL;
+    Py_RETURN_NONE;
+}
+
+/* _fast_forget(): before a close of the token, which may then succeed (see
+ * fastpath.h, LockObject.fh).  Calls of other threads meanwhile go through
+ * the token's in-flight count, which the close waits out or refuses for. */
+static PyObject *lock_forget(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    ((LockObject *)self)->fh = NULL;
     Py_RETURN_NONE;
 }
 
@@ -201,6 +244,9 @@ static PyMethodDef lock_methods[] = {
      "_attempt_block(kind, deadline, flags=0) -> bool: a blocking attempt of any kind."},
     {"_fast_bind", lock_bind, METH_O,
      "_fast_bind(address): the shl_lock * the fast methods use (0: closed)."},
+    {"_fast_forget", lock_forget, METH_NOARGS,
+     "_fast_forget(): the fast calls' handle forgotten, the shl_lock * kept: every call "
+     "goes through its in-flight count (while close() decides)."},
     {NULL, NULL, 0, NULL},
 };
 

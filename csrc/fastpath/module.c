@@ -49,11 +49,19 @@ static PyObject *mod_setup(PyObject *mod, PyObject *args)
         memcpy(&core.field, &p_, sizeof p_);                         \
     } while (0);
     ENTRY(try_, "shl_try")
-    ENTRY(wait, "shl_wait")
-    ENTRY(cancel, "shl_cancel")
+    ENTRY(fast_handle, "shl_fast_handle")
+    ENTRY(fast_try, "shl_fast_try")
+    ENTRY(fast_read, "shl_fast_read")
+    ENTRY(fast_exclusive, "shl_fast_exclusive")
+    ENTRY(fast_release_read, "shl_fast_release_read")
+    ENTRY(fast_release_exclusive, "shl_fast_release_exclusive")
     ENTRY(release_read, "shl_release_read")
     ENTRY(release_write, "shl_release_write")
     ENTRY(release_update, "shl_release_update")
+    ENTRY(close_begin, "shl_close_begin")
+    ENTRY(close_finish, "shl_close_finish")
+    ENTRY(wait, "shl_wait")
+    ENTRY(cancel, "shl_cancel")
     ENTRY(is_paused, "shl_is_paused")
     ENTRY(session_pin, "shl_session_pin")
 #undef ENTRY
@@ -87,7 +95,30 @@ static PyObject *mod_deadline_ns(PyObject *mod, PyObject *timeout)
     int64_t d;
     if (to_deadline(timeout, &d) < 0)
         return NULL;
-    return PyLong_FromLongLong(d);
+    return PyLong_FromLongLong(deadline_now(d));
+}
+
+/* close(address) -> int: shl_close of a token.  Every close goes through
+ * here: it begins (decides, and marks the handle closed) with the GIL held,
+ * so never during one of the fast calls, which hold the GIL from start to
+ * end and so skip the core's in-flight count (the objects that used the
+ * handle forgot it before); it finishes without the GIL (giving the slot
+ * back may wait a moment for the lease watchdog or the keeper). */
+static PyObject *mod_close(PyObject *mod, PyObject *addr)
+{
+    (void)mod;
+    if (!g_ready)
+        return not_ready(), NULL;
+    void *p = PyLong_AsVoidPtr(addr);
+    if (p == NULL && PyErr_Occurred())
+        return NULL;
+    int r = core.close_begin((shl_lock *)p);
+    if (r == SHL_OK) {
+        Py_BEGIN_ALLOW_THREADS
+        core.close_finish((shl_lock *)p);
+        Py_END_ALLOW_THREADS
+    }
+    return PyLong_FromLong(r);
 }
 
 static PyMethodDef mod_methods[] = {
@@ -95,6 +126,8 @@ static PyMethodDef mod_methods[] = {
      "setup(table, error): hand over the core's entry points (once)."},
     {"set_park", mod_set_park, METH_VARARGS,
      "set_park(park, unpark): the asyncio parking code (pyshmlock/_park.py)."},
+    {"close", mod_close, METH_O,
+     "close(address) -> int: the core's shl_close of a handle, with the GIL held."},
     {"deadline_ns", mod_deadline_ns, METH_O,
      "deadline_ns(timeout) -> int\n\nThe timeout rule: seconds to an absolute CLOCK_MONOTONIC\n"
      "deadline in ns.  None, inf and any timeout of 146 years or more wait\n"
@@ -145,6 +178,10 @@ PyMODINIT_FUNC PyInit__fast(void)
     if (HoldType == NULL)
         goto fail;
     if (hold_install_kept() < 0 || awaitables_ready(have_am_send()) < 0)
+        goto fail;
+    small_ints_ready();
+    g_str_timeout = PyUnicode_InternFromString("timeout");
+    if (g_str_timeout == NULL)
         goto fail;
     if (attempt_fork_ready() < 0) {
         PyErr_SetString(PyExc_RuntimeError, "pyshmlock._fast: pthread_atfork failed");
