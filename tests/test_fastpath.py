@@ -286,7 +286,7 @@ def test_timeout_rule_is_deadline_ns(lock, timeout):
                 acquire(timeout)
             assert str(got.value) == str(expected)
             with pytest.raises(type(expected)) as got:
-                acquire(**{"timeout": timeout})
+                acquire(timeout=timeout)
             assert str(got.value) == str(expected)
     assert not lock.is_locked()
 
