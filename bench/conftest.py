@@ -77,3 +77,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             if loop and loop + "]" in asyncio_lock and "asyncio_lock" not in name:
                 tr.write_line(f"  {name[5:]:44} {ns:>8.0f}ns "
                               f"{ns / asyncio_lock[loop + ']']:>8.2f}x asyncio.Lock")
+    _instructions(tr)
+
+
+def _instructions(tr):
+    """The same kind of cases counted in instructions (callgrind): exact, so
+    a change's cost shows the same on any machine (pyshmlock/harness/
+    instructions.py; skipped, saying why, without valgrind)."""
+    from pyshmlock.benchmark import instructions
+    rows = instructions()
+    tr.section("instructions per call (callgrind), net of the loop, this run")
+    if "error" in rows:
+        tr.write_line(rows["error"])
+        return
+    for name, r in rows.items():
+        ratio = (f"{r['vs_multiprocessing_lock']:.2f}x multiprocessing.Lock pair"
+                 if r.get("vs_multiprocessing_lock") else "")
+        tr.write_line(f"{name:58} {r['instructions']:>8.0f} {ratio}")

@@ -9,6 +9,11 @@
  * them with one float argument gives the price of the calling convention
  * the fast path chose (see the METH_FASTCALL comment in fastpath/fastpath.h).
  *
+ * callgrind_mark() does nothing under a name of its own: the instruction
+ * counts (pyshmlock/harness/instructions.py) run the cases in one process
+ * under valgrind --tool=callgrind --dump-before=floor_callgrind_mark, so
+ * that each call ends one counted part.
+ *
  * Built only for benchmarking, at run time (pyshmlock/_floors.py), never
  * into the installed package.  Same stable-ABI settings as the fast path.
  */
@@ -42,10 +47,22 @@ static PyObject *noop_fastcall(PyObject *mod, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* Not inlined, so that callgrind sees every call (see the head). */
+__attribute__((noinline)) PyObject *floor_callgrind_mark(PyObject *mod, PyObject *unused);
+__attribute__((noinline)) PyObject *floor_callgrind_mark(PyObject *mod, PyObject *unused)
+{
+    (void)mod;
+    (void)unused;
+    __asm__ volatile("" ::: "memory");
+    Py_RETURN_NONE;
+}
+
 typedef PyObject *(*fastcall)(PyObject *, PyObject *const *, Py_ssize_t);
 
 static PyMethodDef methods[] = {
     {"noop", noop, METH_NOARGS, "Do nothing: the cost of a bare C-API call."},
+    {"callgrind_mark", floor_callgrind_mark, METH_NOARGS,
+     "Do nothing, under a name callgrind can dump before."},
     {"noop_varargs", noop_varargs, METH_VARARGS, "Do nothing, arguments as a tuple."},
     {"noop_fastcall", (PyCFunction)(void (*)(void))(fastcall)noop_fastcall, METH_FASTCALL,
      "Do nothing, arguments as a C array."},

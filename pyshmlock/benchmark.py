@@ -9,6 +9,9 @@ Sections:
                       `with reader_lock`, write/update pairs, `paused`, next
                       to posix_ipc.Semaphore and multiprocessing.Lock pairs
                       and two floors (two cffi calls; two bare C-API calls)
+  instructions        the same cases counted in instructions per call by
+                      valgrind's callgrind (exact on any machine; skipped,
+                      saying so, without valgrind)
   read throughput     N processes loop acquire_read/release_read
   writer starvation   3 readers with overlapping 1 ms holds, 1 writer looping
                       acquire / release / sleep 2 ms
@@ -21,10 +24,11 @@ Sections:
 Peers are optional: a peer whose package is missing is reported as such.
 
 The code lives in the package ``pyshmlock.harness``, one module per figure
-(``uncontended``, ``throughput``, ``starvation``, ``wake``, ``recovery``),
+(``uncontended``, ``instructions``, ``throughput``, ``starvation``, ``wake``, ``recovery``),
 the peers' adapters (``adapters``) and the report (``report``: the table,
 JSON, chart and ``main``); this module keeps the names importable.
 """
+from .harness.instructions import instructions
 from .harness.recovery import kill_to_recovery
 from .harness.report import format_report, machine, main, run, save_chart
 from .harness.starvation import writer_starvation
@@ -32,5 +36,6 @@ from .harness.throughput import read_throughput
 from .harness.uncontended import uncontended
 from .harness.wake import pause_to_wake
 
-__all__ = ["format_report", "kill_to_recovery", "machine", "main", "pause_to_wake",
-           "read_throughput", "run", "save_chart", "uncontended", "writer_starvation"]
+__all__ = ["format_report", "instructions", "kill_to_recovery", "machine", "main",
+           "pause_to_wake", "read_throughput", "run", "save_chart", "uncontended",
+           "writer_starvation"]

@@ -1,5 +1,6 @@
 """The benchmark harness runs and reports (speed itself is bench/'s job)."""
 import json
+import shutil
 import sys
 
 import pytest
@@ -58,3 +59,24 @@ def test_uncontended_section_reports_pyshmlock_peers_and_floors():
     report = benchmark.format_report({"uncontended": rows}, width=1000)  # content, not layout
     assert "uncontended calls" in report and "pyshmlock read pair" in report
     assert "x asyncio.Lock on its loop" in report
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (callgrind)")
+def test_instruction_counts_cover_every_uncontended_case():
+    """callgrind counts each case's body in one child process; the counts are
+    per iteration, net of the loop, and the report prints them beside the
+    ratio to multiprocessing.Lock's pair."""
+    rows = benchmark.instructions(n=300)
+    assert "error" not in rows, rows
+    for label in ("pyshmlock read pair", "pyshmlock read pair, timeout=5",
+                  "pyshmlock write pair", "pyshmlock with reader_lock",
+                  "multiprocessing.Lock pair", "multiprocessing.Lock with"):
+        assert rows[label]["instructions"] > 50, (label, rows[label])
+    assert rows["pyshmlock read pair"]["vs_multiprocessing_lock"] > 0
+    # The two floors differ by what cffi adds to a call: the harness tells
+    # them apart, so it counts the bodies and not the loop around them.
+    assert (rows["floor: two bare C-API calls"]["instructions"]
+            < rows["floor: two cffi calls"]["instructions"])
+    report = benchmark.format_report({"instructions": rows}, width=1000)
+    assert "instructions per call" in report and "multiprocessing.Lock pair" in report

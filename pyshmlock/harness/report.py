@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .footprint import footprint
 from .footprint import rows as footprint_rows
+from .instructions import instructions
 from .recovery import kill_to_recovery
 from .starvation import writer_starvation
 from .throughput import read_throughput
@@ -43,6 +44,8 @@ def run(quick: bool = False, out: Callable[[str], None] = print) -> Dict[str, An
     out(f"pyshmlock bench{' --quick' if quick else ''} on {res['machine']}")
     out("  uncontended calls ...")
     res["uncontended"] = uncontended(*((7, 20000) if quick else (25, 100000)))
+    out("  instructions per call (callgrind) ...")
+    res["instructions"] = instructions(1000 if quick else 4000)
     out("  read throughput ...")
     res["read_throughput"] = read_throughput(procs, seconds)
     out(f"  writer starvation ({starve_s:.0f} s per lock) ...")
@@ -64,9 +67,21 @@ def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
             rows.append(("uncontended calls", key, r["error"], ""))
             continue
         ratio = f"{r['vs_posix_ipc']:.2f}x posix_ipc pair" if r.get("vs_posix_ipc") else "-"
+        if key.startswith("pyshmlock") and r.get("vs_multiprocessing_lock"):
+            ratio = f"{r['vs_multiprocessing_lock']:.2f}x multiprocessing.Lock pair, {ratio}"
         if r.get("vs_asyncio_lock"):
             ratio = f"{r['vs_asyncio_lock']:.2f}x asyncio.Lock on its loop"
         rows.append(("uncontended calls", key, f"median {r['median_ns']:.0f} ns", ratio))
+    ins = res.get("instructions", {})
+    if "error" in ins:
+        rows.append(("instructions per call", "every case", ins["error"], ""))
+    for key, r in ins.items():
+        if key == "error":
+            continue
+        ratio = (f"{r['vs_multiprocessing_lock']:.2f}x multiprocessing.Lock pair"
+                 if r.get("vs_multiprocessing_lock") else "-")
+        rows.append(("instructions per call", key, f"{r['instructions']:.0f} instructions",
+                     ratio))
     rt = res.get("read_throughput", {})
     for key, r in rt.items():
         base = rt.get(f"pyshmlock x{r['processes']}", {}).get("pairs_per_s")

@@ -66,6 +66,9 @@ def _uncontended_cases() -> Tuple[Dict[str, Tuple[str, Dict[str, Any]]], List[Ca
         pass
     ml = CTX.Lock()
     cases["multiprocessing.Lock pair"] = ("a(); r()", {"a": ml.acquire, "r": ml.release})
+    cases["multiprocessing.Lock pair, timeout=5"] = ("a(timeout=5.0); r()",
+                                                     {"a": ml.acquire, "r": ml.release})
+    cases["multiprocessing.Lock with"] = ("with ml: pass", {"ml": ml})
     try:
         import mmap
 
@@ -138,10 +141,12 @@ def uncontended(rounds: int, n: int) -> Dict[str, Any]:
                 times[label].append((time.perf_counter_ns() - t0) / n)
         base = statistics.median(times["posix_ipc.Semaphore pair"]) \
             if "posix_ipc.Semaphore pair" in times else None
+        mp_base = statistics.median(times["multiprocessing.Lock pair"])
         for label, ts in times.items():
             med = statistics.median(ts)
             rows[label] = {"median_ns": med, "rounds": rounds, "n": n,
-                           "vs_posix_ipc": med / base if base else None}
+                           "vs_posix_ipc": med / base if base else None,
+                           "vs_multiprocessing_lock": med / mp_base}
             peer = bases.get(label)
             if peer is not None:
                 rows[label]["vs_asyncio_lock"] = med / statistics.median(times[peer])
