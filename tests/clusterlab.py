@@ -210,3 +210,175 @@ def fleet_of_hosts(etcd, tmp_path, *, prefix, n, ttl):
     stop_hosts(made)
     for c in ctls:
         c.close()
+
+
+# ------------------------------------------------------------ untrusted members
+import socket  # noqa: E402
+import threading  # noqa: E402
+
+
+def _read_request(conn):
+    """One HTTP request from ``conn``: (path, body), or None at EOF."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = conn.recv(65536)
+        if not d:
+            return None
+        buf += d
+    head, _, body = buf.partition(b"\r\n\r\n")
+    n = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            n = int(v)
+    while len(body) < n:
+        d = conn.recv(65536)
+        if not d:
+            return None
+        body += d
+    return head.split(b" ")[1].decode(), body
+
+
+class FakeMember:
+    """A TCP server on 127.0.0.1 standing for an etcd member that answers
+    badly: every request gets ``answer(path, body)``, a list of byte strings
+    sent one by one ``gap`` seconds apart (separate TCP segments), after
+    which the connection is closed when ``close`` is true or held open (a
+    member that never finishes its answer) until the server stops.
+    ``requests`` lists the paths asked for."""
+
+    def __init__(self, answer, *, gap=0.0, close=True):
+        self.answer, self.gap, self.close_after = answer, gap, close
+        self.requests = []
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._conns = []
+        self._t = threading.Thread(target=self._accept, daemon=True)
+        self._t.start()
+
+    def _accept(self):
+        while not self._stop.is_set():
+            try:
+                c, _ = self._sock.accept()
+            except OSError:
+                return
+            self._conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        try:
+            while not self._stop.is_set():
+                req = _read_request(c)
+                if req is None:
+                    return
+                self.requests.append(req[0])
+                for i, part in enumerate(self.answer(*req)):
+                    if i and self.gap:
+                        time.sleep(self.gap)
+                    c.sendall(part)
+                if self.close_after:
+                    return
+                self._stop.wait()
+        except OSError:
+            return
+        finally:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+    def stop(self):
+        self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)     # wakes the accept
+        except OSError:
+            pass
+        self._sock.close()
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._t.join(5)
+
+
+class DelayProxy:
+    """A TCP proxy in front of one real etcd member that holds every request
+    ``delay`` seconds before passing it on (a member slow to answer, still
+    working on what it was sent), and counts the requests it passed."""
+
+    def __init__(self, upstream_url, delay):
+        from urllib.parse import urlparse
+        u = urlparse(upstream_url)
+        self.upstream = (u.hostname, u.port)
+        self.delay = delay
+        self.requests = 0
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._mu = threading.Lock()
+        self._conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._stop.is_set():
+            try:
+                c, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        up = socket.create_connection(self.upstream, timeout=30)
+        self._conns += [c, up]
+
+        def back():
+            try:
+                while True:
+                    d = up.recv(65536)
+                    if not d:
+                        break
+                    c.sendall(d)
+            except OSError:
+                pass
+            finally:
+                for s in (c, up):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=back, daemon=True).start()
+        try:
+            while not self._stop.is_set():
+                req = _read_request(c)
+                if req is None:
+                    return
+                with self._mu:
+                    self.requests += 1
+                if self._stop.wait(self.delay):
+                    return
+                path, body = req
+                up.sendall(f"POST {path} HTTP/1.1\r\nHost: etcd\r\nContent-Type: "
+                           f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                           + body)
+        except OSError:
+            return
+
+    def stop(self):
+        self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)     # wakes the accept
+        except OSError:
+            pass
+        self._sock.close()
+        for s in self._conns:
+            try:
+                s.close()
+            except OSError:
+                pass

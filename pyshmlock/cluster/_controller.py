@@ -31,7 +31,7 @@ from ._errors import (
     FencingError,
     MissingHostsError,
 )
-from ._etcd import TLS, Etcd, LeaseNotFound, decode_kv
+from ._etcd import TLS, Etcd, LeaseNotFound
 from ._keys import Keys, State, dumps
 from ._mirror import Mirror
 
@@ -120,18 +120,6 @@ def _left(deadline: Optional[float], cap: float) -> float:
     if deadline is None:
         return cap
     return max(0.0, min(cap, deadline - time.monotonic()))
-
-
-def _responses(r: Any) -> List[Dict[str, Any]]:
-    out = []
-    for x in r.get("responses", []) or []:
-        out.append(x.get("response_range") or x.get("response_put")
-                   or x.get("response_delete_range") or {})
-    return out
-
-
-def _range_kvs(resp: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [decode_kv(kv) for kv in resp.get("kvs", []) or []]
 
 
 def _registered(keys: Keys, kvs: List[Dict[str, Any]]) -> Dict[str, int]:
@@ -289,12 +277,12 @@ class AsyncCluster:
                 [e.op_put(k.gate, self._gate_value(True, "pause", drain)),
                  e.op_range(k.hosts, prefix=True)],
                 [e.op_range(k.update), e.op_range(k.gate)], deadline=deadline)
-            resp = _responses(r)
+            resp = r
             if ok:
-                return rev, _registered(k, _range_kvs(resp[1]))
+                return rev, _registered(k, resp[1])
             # An update holds the gate: pause it within the update (keeps its drain).
-            upd = _range_kvs(resp[0])
-            gate = _range_kvs(resp[1])
+            upd = resp[0]
+            gate = resp[1]
             if not upd:
                 continue
             cmp = [e.cmp_create(k.update, upd[0]["create_revision"]),
@@ -303,7 +291,7 @@ class AsyncCluster:
                                            e.op_range(k.hosts, prefix=True)],
                                      deadline=deadline)
             if ok:
-                return rev, _registered(k, _range_kvs(_responses(r)[1]))
+                return rev, _registered(k, r[1])
 
     async def _await_acks(self, rev: int, registered: Dict[str, int], drain: bool,
                           deadline: Optional[float], t0: float) -> Optional[PauseResult]:
@@ -395,7 +383,7 @@ class AsyncCluster:
                 raise
             if ok:
                 return rev
-            upd = _range_kvs(_responses(r)[0])
+            upd = r[0]
             token = upd[0]["create_revision"] if upd else 0
             while (token and self.mirror.state.update_token == token) or \
                     self.mirror.revision < rev:
@@ -533,13 +521,13 @@ class AsyncClusterUpdate:
                  e.op_put(k.gate, c._gate_value(True, "update", True, self._op)),
                  e.op_range(k.hosts, prefix=True)],
                 [e.op_range(k.update), e.op_range(k.gate)], deadline=deadline)
-            resp = _responses(r)
+            resp = r
             if ok:
                 self.token = rev               # = the update key's create revision
                 self._was_paused = paused
-                registered = _registered(k, _range_kvs(resp[2]))
+                registered = _registered(k, resp[2])
                 break
-            upd, gate = _range_kvs(resp[0]), _range_kvs(resp[1])
+            upd, gate = resp[0], resp[1]
             if upd and upd[0]["lease"] == self.lease:      # our own retried write
                 self.token = upd[0]["create_revision"]
                 self._was_paused = bool(info["was_paused"])

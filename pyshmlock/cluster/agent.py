@@ -44,7 +44,7 @@ from ._errors import (
     ClusterError,
     DuplicateHostError,
 )
-from ._etcd import TLS, Etcd, LeaseNotFound, decode_kv
+from ._etcd import TLS, Etcd, LeaseNotFound
 from ._keys import Keys, State, dumps, loads, valid_host_id
 from ._lease import KEEPER_POLL_S, lease_arm, lease_info
 from ._mirror import Mirror
@@ -192,14 +192,13 @@ class Agent:
                 self._create_rev, self._published = rev, reg
                 self.log(f"registered as {self.host_id!r} (lease {self._lease:x})")
                 return
-            resp = [x.get("response_range", {}) for x in r.get("responses", [])]
-            cur = resp[0].get("kvs") or []
-            if resp[1].get("kvs"):
+            cur = r[0]
+            if r[1]:
                 self._create_rev = -1                     # evicted: stay out, paused
                 return
             if not cur:
                 continue
-            kv = decode_kv(cur[0])
+            kv = cur[0]
             other = loads(kv["value"])
             mine_before = kv["lease"] == self._lease or (
                 other.get("pid") == self.pid and other.get("pid_start") == self.pid_start
@@ -372,6 +371,10 @@ class Agent:
             except ClusterError as ex:
                 self.log(f"etcd: {ex}")
                 await self._sleep(0.1)
+                continue
+            except Exception as ex:      # never exit on one: the host stays paused meanwhile
+                self.log(f"unexpected error, retrying in 1 s: {ex!r}")
+                await self._sleep(1.0)
                 continue
             await self._sleep(0.01 if self._retry_soon else self.ttl / 4, seen)
 
