@@ -49,12 +49,14 @@ def three_member_etcd():
 
 
 class Host:
-    """One simulated host: a lock of its own, its agent and worker processes."""
+    """One simulated host: ``locks`` locks of its own (one per engine), its
+    agent (one per host, for all of them) and worker processes on each."""
 
     def __init__(self, endpoints, cluster, host_id, tmp, workers=2, hold=0.0, ttl=2,
-                 netns=None, agent_args=(), lock_name=None, start=True, env=None):
+                 netns=None, agent_args=(), lock_name=None, start=True, env=None, locks=1):
         self.endpoints, self.cluster, self.id = list(endpoints), cluster, host_id
         self.lock_name = lock_name or unique_name(f"cl-{host_id}")
+        self.lock_names = [self.lock_name] + [f"{self.lock_name}-{i}" for i in range(1, locks)]
         self.tmp = tmp
         self.hold = hold
         self.ttl = ttl
@@ -67,6 +69,7 @@ class Host:
         self.agent = None
         self.workers = []
         self.logs = []
+        self.log_lock = {}
         self.agent_log = os.path.join(self.tmp, f"{self.id}.{self.lock_name[-6:]}.agent.log")
         if start:
             self.start_agent()
@@ -79,7 +82,9 @@ class Host:
 
     def agent_cmd(self):
         cmd = [sys.executable, "-m", "pyshmlock", "agent", "--etcd", ",".join(self.endpoints),
-               "--cluster", self.cluster, "--lock", self.lock_name, "--host-id", self.id]
+               "--cluster", self.cluster, "--host-id", self.id]
+        for name in self.lock_names:
+            cmd += ["--lock", name]
         if self.ttl is not None:
             cmd += ["--ttl", str(self.ttl)]
         return self._cmd(cmd + self.agent_args)
@@ -90,7 +95,7 @@ class Host:
                                           stderr=err, env=self.env)
         if wait:
             give_up = now() + 15
-            while not os.path.exists(f"/dev/shm/pyshmlock.{self.lock_name}"):
+            while not all(os.path.exists(f"/dev/shm/pyshmlock.{n}") for n in self.lock_names):
                 assert now() < give_up and self.agent.poll() is None, \
                     f"agent did not create its lock: {self.agent_text()}"
                 time.sleep(0.01)
@@ -102,35 +107,44 @@ class Host:
         except FileNotFoundError:
             return ""
 
-    def start_workers(self, n=None, create=False):
-        for _ in range(self.nworkers if n is None else n):
-            log = os.path.join(self.tmp, f"{self.id}.{self.lock_name[-6:]}.w{len(self.logs)}.log")
-            self.logs.append(log)
-            args = [sys.executable, "-m", "pyshmlock.cluster._simhost", self.lock_name, log,
-                    str(self.hold)]
-            if create:
-                args.append("create")
-            self.workers.append(subprocess.Popen(self._cmd(args), env=self.env))
+    def start_workers(self, n=None, create=False, lock=None):
+        """``n`` workers (``workers`` by default) on each lock, or on ``lock``."""
+        for name in [lock] if lock else self.lock_names:
+            for _ in range(self.nworkers if n is None else n):
+                log = os.path.join(self.tmp,
+                                   f"{self.id}.{name[-8:]}.w{len(self.logs)}.log")
+                self.logs.append(log)
+                self.log_lock[log] = name
+                args = [sys.executable, "-m", "pyshmlock.cluster._simhost", name, log,
+                        str(self.hold)]
+                if create:
+                    args.append("create")
+                self.workers.append(subprocess.Popen(self._cmd(args), env=self.env))
 
-    def admissions(self):
-        """(t_before, t_admitted, t_released) of every completed read."""
+    def admissions(self, lock=None):
+        """(t_before, t_admitted, t_released) of every completed read (on
+        ``lock`` only, if given)."""
         out = []
         for log in self.logs:
+            if lock is not None and self.log_lock.get(log) != lock:
+                continue
             if os.path.exists(log):
                 with open(log) as f:
                     out += [tuple(map(float, ln.split())) for ln in f if ln.count(" ") == 2]
         return out
 
-    def admitted_after(self, t, until=float("inf")):
-        return [a for a in self.admissions() if t < a[0] and a[1] < until]
+    def admitted_after(self, t, until=float("inf"), lock=None):
+        return [a for a in self.admissions(lock) if t < a[0] and a[1] < until]
 
     def last_admission(self):
         a = self.admissions()
         return max(x[1] for x in a) if a else None
 
-    def wait_admitting(self, timeout=10):
+    def wait_admitting(self, timeout=10, lock=None):
+        """Until every lock with workers (or ``lock``) admitted a read."""
         t = now()
-        while not self.admitted_after(t):
+        names = [lock] if lock else sorted(set(self.log_lock.values()))
+        while not all(self.admitted_after(t, lock=n) for n in names):
             assert now() - t < timeout, f"{self.id} admits nothing: {self.agent_text()}"
             time.sleep(0.02)
 
@@ -165,7 +179,8 @@ class Host:
                 print("DID NOT EXIT:", p.args, file=sys.stderr)
                 p.kill()
                 p.wait(5)
-        remove_lock(self.lock_name)
+        for name in self.lock_names:
+            remove_lock(name)
 
 
 def stop_hosts(hosts):

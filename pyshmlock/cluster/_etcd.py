@@ -30,13 +30,28 @@ certificates and etcd's user authentication, with errors that say so.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import ssl
 import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
+from ._answers import (
+    PARSE_ERRORS,
+    Compacted,
+    b64,
+    decode_kv,
+    parse_grant,
+    parse_keepalive,
+    parse_object,
+    parse_range,
+    parse_token,
+    parse_ttl,
+    parse_txn,
+    parse_watch,
+    unb64,
+    why,
+)
 from ._errors import (
     AuthenticationError,
     CertificateError,
@@ -47,22 +62,12 @@ from ._errors import (
 )
 from ._http import Broken, ConnectFailed, Pool, wait_for
 
-__all__ = ["TLS", "Etcd", "LeaseNotFound", "b64", "prefix_end", "unb64"]
+__all__ = ["TLS", "Compacted", "Etcd", "LeaseNotFound", "b64", "decode_kv", "prefix_end", "unb64"]
 
 #: A request to one member gives up after this long (or at the caller's deadline).
 REQUEST_TIMEOUT = 1.0
 #: A read or keep-alive also goes to the next member after this long.
 HEDGE_AFTER = 0.15
-
-
-def b64(x: Any) -> str:
-    if isinstance(x, str):
-        x = x.encode()
-    return base64.b64encode(x).decode()
-
-
-def unb64(x: Optional[str]) -> bytes:
-    return base64.b64decode(x, validate=True) if x else b""
 
 
 def prefix_end(prefix: str) -> str:
@@ -239,16 +244,16 @@ class Etcd:
             raise _Retry(f"{url}: {e}", maybe_applied=False) from None
         except (Broken, OSError) as e:
             tls = await self._diagnose_tls(i)
-            why = f"TLS: {tls}" if tls is not None else f"{type(e).__name__} {e}".rstrip()
-            raise _Retry(f"{url}: {why}", maybe_applied=True, tls=tls is not None) from None
+            what = f"TLS: {tls}" if tls is not None else f"{type(e).__name__} {e}".rstrip()
+            raise _Retry(f"{url}: {what}", maybe_applied=True, tls=tls is not None) from None
         if status != 200:
             raise self._classify(i, path, status, data)
         try:
             return parse(json.loads(data))
-        except _PARSE_ERRORS as e:
+        except PARSE_ERRORS as e:
             # Whatever the member sent: the next one may answer properly.  A
             # write it answered this way may have been applied.
-            raise _Retry(f"{url}: malformed answer to {path}: {_why(e)}",
+            raise _Retry(f"{url}: malformed answer to {path}: {why(e)}",
                          maybe_applied=path not in READ_PATHS) from None
 
     async def _diagnose_tls(self, i: int) -> Optional[BaseException]:
@@ -292,7 +297,7 @@ class Etcd:
         an answer it refuses counts as that member's failure."""
         t0 = _now()
         end = t0 + self.op_timeout if deadline is None else deadline
-        parse = parse or _object
+        parse = parse or parse_object
         payload = json.dumps(body).encode()
         if self.tls.user is not None and self._token is None and path != "/auth/authenticate":
             await self._authenticate(end)
@@ -392,7 +397,7 @@ class Etcd:
             body = {"name": self.tls.user, "password": self.tls.password or ""}
             try:
                 token = await self._call("/auth/authenticate", json.dumps(body).encode(),
-                                         _now(), end, True, _parse_token)
+                                         _now(), end, True, parse_token)
             except AuthenticationError as e:
                 raise AuthenticationError(
                     f"etcd authentication failed for user {self.tls.user!r}: {e}") from None
@@ -413,7 +418,7 @@ class Etcd:
         if keys_only:
             body["keys_only"] = True
         r: Tuple[List[Dict[str, Any]], int] = await self.call(
-            "/kv/range", body, deadline=deadline, hedge=True, parse=_parse_range)
+            "/kv/range", body, deadline=deadline, hedge=True, parse=parse_range)
         return r
 
     async def txn(self, compare: List[Dict[str, Any]], success: List[Dict[str, Any]],
@@ -425,7 +430,7 @@ class Etcd:
         delete)."""
         r: Tuple[bool, int, List[List[Dict[str, Any]]]] = await self.call(
             "/kv/txn", {"compare": compare, "success": success, "failure": failure or []},
-            deadline=deadline, parse=_parse_txn)
+            deadline=deadline, parse=parse_txn)
         return r
 
     # txn building blocks (the v3 JSON forms)
@@ -455,29 +460,31 @@ class Etcd:
         return {"request_delete_range": req}
 
     @staticmethod
-    def op_range(key: str, prefix: bool = False) -> Dict[str, Any]:
-        req = {"key": b64(key)}
+    def op_range(key: str, prefix: bool = False, keys_only: bool = False) -> Dict[str, Any]:
+        req: Dict[str, Any] = {"key": b64(key)}
         if prefix:
             req["range_end"] = b64(prefix_end(key))
+        if keys_only:            # revisions and lease, no values: O(keys), not O(bytes)
+            req["keys_only"] = True
         return {"request_range": req}
 
     # -------------------------------------------------------------- leases
     async def lease_grant(self, ttl: float, *, deadline: Optional[float] = None) -> int:
         lease: int = await self.call("/lease/grant", {"TTL": str(max(1, round(ttl)))},
-                                     deadline=deadline, parse=_parse_grant)
+                                     deadline=deadline, parse=parse_grant)
         return lease
 
     async def lease_keepalive(self, lease: int, *, deadline: Optional[float] = None) -> int:
         """Renew (hedged); returns the TTL left (0: the lease has expired or is unknown)."""
         ttl: int = await self.call("/lease/keepalive", {"ID": str(lease)}, deadline=deadline,
-                                   hedge=True, parse=_parse_keepalive)
+                                   hedge=True, parse=parse_keepalive)
         return ttl
 
     async def lease_ttl(self, lease: int, *, deadline: Optional[float] = None
                         ) -> Tuple[int, int]:
-        """(seconds the lease has left, its granted TTL); (-1, 0): gone."""
+        """(whole seconds the lease has left, its granted TTL); TTL -1: gone."""
         r: Tuple[int, int] = await self.call("/lease/timetolive", {"ID": str(lease)},
-                                             deadline=deadline, hedge=True, parse=_parse_ttl)
+                                             deadline=deadline, hedge=True, parse=parse_ttl)
         return r
 
     async def lease_revoke(self, lease: int, *, deadline: Optional[float] = None) -> bool:
@@ -516,9 +523,9 @@ class Etcd:
                     obj = json.loads(line)
                     if isinstance(obj, dict) and "error" in obj:
                         raise _public(self._classify(i, "/watch", 500, line))
-                    got = _parse_watch(obj)
-                except _PARSE_ERRORS as e:
-                    raise EtcdError(f"{url}: malformed watch message: {_why(e)}") from None
+                    got = parse_watch(obj)
+                except PARSE_ERRORS as e:
+                    raise EtcdError(f"{url}: malformed watch message: {why(e)}") from None
                 if got is None:
                     continue
                 yield got
@@ -538,136 +545,3 @@ def _retrieve(t: asyncio.Task[Any]) -> None:
 def _public(e: BaseException) -> BaseException:
     """A member's refusal as the caller sees it (a retry is an EtcdError)."""
     return EtcdError(str(e)) if isinstance(e, (_Retry, _BadToken)) else e
-
-
-class Compacted(Exception):
-    """The watch's start revision was compacted away: read the state again."""
-
-
-# ----------------------------------------------------------- the answers
-class Malformed(ValueError):
-    """An answer that is not shaped as etcd's."""
-
-
-#: What parsing an untrusted answer may raise (a Malformed, or a stray
-#: error of a conversion: each means "this member answered badly").
-_PARSE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError,
-                 RecursionError)
-
-
-def _why(e: BaseException) -> str:
-    text = str(e)[:160]
-    return text if isinstance(e, Malformed) else f"{type(e).__name__}: {text}"
-
-
-def _object(v: Any, what: str = "answer") -> Dict[str, Any]:
-    if not isinstance(v, dict):
-        raise Malformed(f"{what} is a {type(v).__name__}, not an object")
-    return v
-
-
-def _list(v: Any, what: str) -> List[Any]:
-    if not isinstance(v, list):
-        raise Malformed(f"{what} is a {type(v).__name__}, not a list")
-    return v
-
-
-def _int(v: Any, what: str) -> int:
-    """etcd's JSON gateway writes 64-bit integers as strings."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, str) and 0 < len(v) <= 21 and (v.isdigit() or (
-            v[0] == "-" and v[1:].isdigit())) and v.isascii():
-        return int(v)
-    raise Malformed(f"{what} is {v!r:.40}, not an integer")
-
-
-def _revision(r: Dict[str, Any]) -> int:
-    return _int(_object(r.get("header"), "header").get("revision"), "header.revision")
-
-
-def decode_kv(kv: Any) -> Dict[str, Any]:
-    """A key-value of an answer, decoded and type-checked."""
-    kv = _object(kv, "kv")
-    key = kv.get("key")
-    if not isinstance(key, str) or not key:
-        raise Malformed("kv without a key")
-    value = kv.get("value", "")
-    if not isinstance(value, str):
-        raise Malformed("kv value is not a string")
-    return {"key": unb64(key).decode(), "value": unb64(value),
-            "create_revision": _int(kv.get("create_revision", 0), "create_revision"),
-            "mod_revision": _int(kv.get("mod_revision", 0), "mod_revision"),
-            "lease": _int(kv.get("lease", 0), "lease")}
-
-
-def _parse_range(r: Any) -> Tuple[List[Dict[str, Any]], int]:
-    r = _object(r)
-    return [decode_kv(kv) for kv in _list(r.get("kvs", []), "kvs")], _revision(r)
-
-
-def _parse_txn(r: Any) -> Tuple[bool, int, List[List[Dict[str, Any]]]]:
-    r = _object(r)
-    ok = r.get("succeeded", False)
-    if not isinstance(ok, bool):
-        raise Malformed("succeeded is not a boolean")
-    out: List[List[Dict[str, Any]]] = []
-    for x in _list(r.get("responses", []), "responses"):
-        x = _object(x, "response")
-        rng = x.get("response_range")
-        out.append([] if rng is None else
-                   [decode_kv(kv) for kv in _list(_object(rng, "response_range")
-                                                  .get("kvs", []), "kvs")])
-    return ok, _revision(r), out
-
-
-def _parse_grant(r: Any) -> int:
-    r = _object(r)
-    if r.get("error"):
-        raise EtcdError(f"etcd refused a lease: {str(r['error'])[:200]}")
-    lease = _int(r.get("ID"), "ID")
-    if lease <= 0:
-        raise Malformed(f"lease ID {lease}")
-    return lease
-
-
-def _parse_keepalive(r: Any) -> int:
-    r = _object(r)
-    res = _object(r.get("result", r), "result")
-    return _int(res.get("TTL", 0), "TTL")
-
-
-def _parse_ttl(r: Any) -> Tuple[int, int]:
-    r = _object(r)
-    return _int(r.get("TTL", -1), "TTL"), _int(r.get("grantedTTL", 0), "grantedTTL")
-
-
-def _parse_token(r: Any) -> str:
-    tok = _object(r).get("token", "")
-    if not isinstance(tok, str):
-        raise Malformed("token is not a string")
-    return tok
-
-
-def _parse_watch(obj: Any) -> Optional[Tuple[int, List[Dict[str, Any]]]]:
-    """One watch message: (revision, events), or None for one without
-    events; raises Compacted, or EtcdError for a cancelled watch."""
-    res = _object(_object(obj, "watch message").get("result", {}), "result")
-    compact = _int(res.get("compact_revision", 0), "compact_revision")
-    if compact > 0:
-        raise Compacted(compact)
-    if res.get("canceled"):
-        raise EtcdError(f"watch canceled: {str(res.get('cancel_reason', ''))[:200]}")
-    evs = _list(res.get("events", []), "events")
-    if not evs:
-        return None
-    out = []
-    for ev in evs:
-        ev = _object(ev, "event")
-        kv = decode_kv(ev.get("kv"))
-        kind = ev.get("type", "PUT")
-        if kind not in ("PUT", "DELETE"):
-            raise Malformed(f"event type {kind!r:.40}")
-        kv["type"] = kind
-        out.append(kv)
-    return out[-1]["mod_revision"], out
