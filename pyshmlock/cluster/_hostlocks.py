@@ -18,7 +18,7 @@ from ..errors import DataSuspectError
 from ..lock import RWLock
 from ._errors import ClusterError
 from ._keys import CURRENT, State
-from ._lease import KEEPER_POLL_S, lease_arm, lease_info
+from ._lease import KEEPER_POLL_S, lease_arm, lease_info, lease_remaining
 
 __all__ = ["HostLocks"]
 
@@ -26,12 +26,13 @@ __all__ = ["HostLocks"]
 class _Local:
     """One lock of the host."""
 
-    __slots__ = ("lock", "name", "standing", "suspect", "users", "users_at")
+    __slots__ = ("judged", "lock", "name", "standing", "suspect", "users", "users_at")
 
     def __init__(self, name: str, lock: RWLock) -> None:
         self.name, self.lock = name, lock
         self.suspect = False
         self.standing = CURRENT
+        self.judged: Any = None       # what the standing was judged on
         self.users = -1
         self.users_at = -1e9
 
@@ -63,6 +64,7 @@ class HostLocks:
             self.close()
             raise
         self._fence = 0                       # raised this far at every lock
+        self._fenced_for: Any = None          # the update (or its absence) it was raised for
 
     # ----------------------------------------------------------- leases
     def arm(self, seconds: float) -> None:
@@ -87,15 +89,18 @@ class HostLocks:
 
     # ------------------------------------------------------------ fences
     def raise_fences(self, st: State) -> None:
-        # While an update holds the lock its token is current; otherwise
-        # every token up to this revision is stale (a later update's token
-        # is a later revision).  A fence never falls: raised once to a
-        # value, it need not be raised to it again.
+        """While an update holds the lock its token is current; otherwise
+        every token up to this revision is stale (a later update's token is
+        a later revision).  Raised when an update begins or ends, and before
+        any lock reopens; a plain pause changes no update, so it is not
+        raised then (it was, at every lock, on every change: on the path of
+        every acknowledgement).  A fence never falls."""
         fence = st.update_token if st.update is not None else st.revision + 1
-        if fence > self._fence:
+        update = st.update_token if st.update is not None else 0
+        if fence > self._fence and (update != self._fenced_for or not st.paused):
             for loc in self.locals:
                 loc.lock.raise_fence(fence)
-            self._fence = fence
+            self._fence, self._fenced_for = fence, update
 
     # ------------------------------------------------------------- state
     def users(self, loc: _Local) -> int:
@@ -120,8 +125,7 @@ class HostLocks:
     def _open(self, loc: _Local) -> bool:
         """Resume a local gate, only while the local lease runs."""
         lk = loc.lock
-        rem = lease_info(lk)["remaining"] or 0.0
-        if rem <= 2 * KEEPER_POLL_S:
+        if lease_remaining(lk) <= 2 * KEEPER_POLL_S:
             return False
         try:
             opened = lk._resume_as_manager(0)
@@ -136,7 +140,7 @@ class HostLocks:
             return False        # a local update hold (a fenced update) pins the pause
         # Stopped between the check and the resume for longer than the lease?
         # Close again at once (the watchdogs would within one poll anyway).
-        if (lease_info(lk)["remaining"] or 0.0) <= 0:
+        if lease_remaining(lk) <= 0:
             lk.pause()
             return False
         return True
@@ -175,8 +179,10 @@ class HostLocks:
             lk = loc.lock
             applied = lk.applied_update
             standing = loc.standing
-            if not updating:       # an update in progress pauses every host anyway
+            judge = (st.generation_rev, applied, registration)
+            if not updating and judge != loc.judged:   # (an update pauses every host anyway)
                 standing, record = st.lock_standing(host_id, loc.name, applied, registration)
+                loc.judged = judge if not record else None
                 if standing != loc.standing:
                     self.log(f"lock {loc.name!r}: {standing} against the fleet's update "
                              f"{st.generation_token} (its lock has {applied})")

@@ -104,6 +104,7 @@ class State:
         self.update_token = 0
         self.update_lease = 0
         self.generation: Dict[str, Any] = {}
+        self.generation_rev = 0
         self.hosts: Dict[str, Dict[str, Any]] = {}
         self.host_create: Dict[str, int] = {}
         self.host_lease: Dict[str, int] = {}
@@ -125,6 +126,7 @@ class State:
                 self.update_lease = kv["lease"]
             elif k == keys.generation:
                 self.generation = v
+                self.generation_rev = kv["mod_revision"]
             elif k == keys.ackreq:
                 self.ackreq = v
                 self.ackreq_rev = kv["mod_revision"]

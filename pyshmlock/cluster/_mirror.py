@@ -21,6 +21,7 @@ Watch events carry the values, so following changes costs no extra read.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ._errors import AuthenticationError, CertificateError, ClusterError
@@ -59,6 +60,7 @@ class Mirror:
         # asyncio.run would not work).
         self._ev: Optional[asyncio.Event] = None
         self._restart: Optional[asyncio.Event] = None
+        self._heard = 0.0                # when the stream last delivered (or was checked)
         self._task: Optional[asyncio.Task[None]] = None
         self._state: Optional[State] = None
 
@@ -146,11 +148,11 @@ class Mirror:
         self.revision = rev
         self._bump()
 
-    async def _pump(self, got: asyncio.Event) -> None:
+    async def _pump(self) -> None:
         self.member = self.etcd.preferred
         async for rev, events in self.etcd.watch(self.prefix, self.revision + 1, self.member):
             self._apply(rev, events)
-            got.set()
+            self._heard = time.monotonic()
 
     async def _current(self) -> bool:
         """Whether the copy still matches etcd (one keys-only read): no key
@@ -164,24 +166,27 @@ class Mirror:
 
     async def _run(self) -> None:
         while True:
-            got = asyncio.Event()
             self._restart = asyncio.Event()
             restart = asyncio.ensure_future(self._restart.wait())
-            pump = asyncio.ensure_future(self._pump(got))
+            pump = asyncio.ensure_future(self._pump())
+            self._heard = time.monotonic()
             try:
                 while not pump.done() and not restart.done():
-                    got.clear()
-                    waiter = asyncio.ensure_future(got.wait())
-                    done, _ = await asyncio.wait([pump, waiter, restart], timeout=self.resync,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    if not done:            # quiet: check the copy with one small read
-                        try:
-                            if await self._current():
-                                continue
-                        except (ClusterError, OSError):
-                            pass
-                        break
+                    # Wakes when the stream ends, a restart, or the copy has
+                    # been quiet for resync (not at every event: that cost a
+                    # task per event on every host's path to acknowledging).
+                    quiet = self._heard + self.resync - time.monotonic()
+                    if quiet > 0:
+                        await asyncio.wait([pump, restart], timeout=quiet,
+                                           return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    try:                    # quiet: check the copy with one small read
+                        if await self._current():
+                            self._heard = time.monotonic()
+                            continue
+                    except (ClusterError, OSError):
+                        pass
+                    break
             finally:
                 restart.cancel()
                 pump.cancel()

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set
 from ._acks import PATIENCE, AckReceiver, Report
 from ._calls import PauseResult, Registered, left
 from ._errors import ClusterError
-from ._http import wait_for
 from ._keys import CURRENT, State, as_bool, as_dict, as_int, dumps
 
 if TYPE_CHECKING:
@@ -62,30 +61,41 @@ class Outcome:
     reports: Dict[str, Report]
 
 
+def _settle(w: asyncio.Future[None]) -> None:
+    if not w.done():
+        w.set_result(None)
+
+
 class HostWaits:
     """The waiting side of one controller (``AsyncCluster.waits``)."""
 
     def __init__(self, c: AsyncCluster) -> None:
         self.c = c
         self.receiver: Optional[AckReceiver] = None
-        self._changed: Optional[asyncio.Event] = None
+        self._waiters: Set[asyncio.Future[None]] = set()
 
     def notify(self) -> None:
-        ev, self._changed = self._changed, None
-        if ev is not None:
-            ev.set()
+        """A change: wake every waiting call (in the loop)."""
+        waiters, self._waiters = self._waiters, set()
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def wait_change(self, timeout: float) -> None:
-        """Until the watched copy changes, a host reports, or ``timeout``."""
+        """Until the watched copy changes, a host reports, or ``timeout``.
+        One future and one timer (a wait at each of N reports); awaiting a
+        future never swallows a cancellation."""
         if timeout <= 0:
             return
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        ev = self._changed
+        loop = asyncio.get_running_loop()
+        w: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(w)
+        timer = loop.call_later(timeout, _settle, w)
         try:
-            await wait_for(ev.wait(), timeout)     # never swallows a cancellation
-        except asyncio.TimeoutError:
-            pass
+            await w
+        finally:
+            timer.cancel()
+            self._waiters.discard(w)
 
     def report(self, st: State, host: str, registration: int) -> Optional[Report]:
         """The newest report of ``host``'s agent for this registration: its
