@@ -30,9 +30,10 @@ import hmac
 import json
 import os
 import socket
-from typing import Any, Callable, Dict, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["PATIENCE", "AckReceiver", "AckSender", "Report", "local_address", "new_key"]
+__all__ = ["PATIENCE", "AckReceiver", "AckSender", "Report", "local_address", "new_key", "pack",
+           "unpack"]
 
 _ACK = b"PSA1"
 _MAC = 16
@@ -88,9 +89,46 @@ def local_address(host: str, port: int) -> str:
         s.close()
 
 
-class AckReceiver(asyncio.DatagramProtocol):
+#: A lock's standing on the wire (``_keys.CURRENT`` ...), and back.
+_STANDING = {"current": 0, "behind": 1, "partial": 2}
+_STANDING_OF = {v: k for k, v in _STANDING.items()}
+#: The receive buffer a controller asks for: a pause of N hosts is N
+#: datagrams in one burst (the kernel caps it at net.core.rmem_max unless
+#: the process may force it).
+RCVBUF = 4 << 20
+
+
+def pack(report: Report) -> Dict[str, Any]:
+    """A report as a datagram carries it: each lock as
+    [paused, drained, suspect, standing, applied, users] (a host of 8 locks
+    is about 300 bytes, so a burst of them fits a receive buffer)."""
+    return {"m": report["mirrored"], "p": report["paused"], "d": report["drained"],
+            "l": {name: [v["paused"], v["drained"], v["suspect"],
+                         _STANDING.get(v["standing"], 1), v["applied"], v["users"]]
+                  for name, v in report["locks"].items()}}
+
+
+def unpack(d: Any) -> Optional[Report]:
+    """The report of a datagram; None if it is not one."""
+    if not isinstance(d, dict) or not isinstance(d.get("l"), dict):
+        return None
+    locks = {}
+    for name, v in d["l"].items():
+        if not isinstance(v, list) or len(v) != 6:
+            return None
+        locks[name] = {"paused": v[0] is True, "drained": v[1] is True, "suspect": v[2] is True,
+                       "standing": _STANDING_OF.get(v[3], "behind"), "applied": v[4],
+                       "users": v[5]}
+    return {"mirrored": d.get("m"), "paused": d.get("p") is True,
+            "drained": d.get("d") is True, "locks": locks}
+
+
+class AckReceiver:
     """A controller's end: keeps the newest report of each host, per
-    registration."""
+    registration.  A plain non-blocking socket read to empty at each
+    readiness (asyncio's datagram transport takes one datagram per turn of
+    the loop: a burst of N reports was N turns, and overflowed the buffer
+    at 128 hosts)."""
 
     def __init__(self, cluster: str, key: str, on_report: Callable[[], None]) -> None:
         k = _key(key)
@@ -103,41 +141,68 @@ class AckReceiver(asyncio.DatagramProtocol):
         #: a waiter re-checks only those, not the whole fleet at each report
         self.changes: List[str] = []
         self.base = 0
-        self.transport: Optional[asyncio.DatagramTransport] = None
         self.address: Tuple[str, int] = ("", 0)
+        self.sock: Optional[socket.socket] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     @classmethod
     async def start(cls, cluster: str, on_report: Callable[[], None], bind: str,
                     port: int = 0) -> AckReceiver:
-        loop = asyncio.get_running_loop()
         fam = socket.AF_INET6 if ":" in bind else socket.AF_INET
-        proto = cls(cluster, new_key(), on_report)
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: proto, local_addr=(bind, port), family=fam)
-        sockname = transport.get_extra_info("sockname")
-        proto.address = (bind, int(sockname[1]))
-        return proto
+        me = cls(cluster, new_key(), on_report)
+        sock = socket.socket(fam, socket.SOCK_DGRAM)
+        try:
+            for opt in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+                if opt is not None:
+                    try:
+                        sock.setsockopt(socket.SOL_SOCKET, opt, RCVBUF)
+                        break
+                    except OSError:
+                        continue
+            sock.bind((bind, port))
+            sock.setblocking(False)
+        except BaseException:
+            sock.close()
+            raise
+        me.sock = sock
+        me.address = (bind, int(sock.getsockname()[1]))
+        me._loop = asyncio.get_running_loop()
+        me._loop.add_reader(sock.fileno(), me._drain)
+        return me
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.DatagramTransport, transport)
+    def _drain(self) -> None:
+        assert self.sock is not None
+        heard = False
+        while True:
+            try:
+                data = self.sock.recv(MAX_DATAGRAM + 64)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            heard = self._take(data) or heard
+        if heard:
+            self.on_report()
 
-    def datagram_received(self, data: bytes, addr: Any) -> None:
+    def _take(self, data: bytes) -> bool:
         v = unseal(self.key, _ACK, data)
         if v is None or v.get("c") != self.cluster:
-            return
-        host, reg, seq, report = v.get("h"), v.get("g"), v.get("q"), v.get("r")
+            return False
+        host, reg, seq = v.get("h"), v.get("g"), v.get("q")
+        report = unpack(v.get("r"))
         if not (isinstance(host, str) and isinstance(reg, int) and isinstance(seq, int)
-                and isinstance(report, dict)) or isinstance(reg, bool) or isinstance(seq, bool):
-            return
+                and report is not None) or isinstance(reg, bool) or isinstance(seq, bool):
+            return False
         prev = self.reports.get(host)
-        if prev is None or (reg, seq) > prev[:2]:
-            self.reports[host] = (reg, seq, report)
-            self.changes.append(host)
-            if len(self.changes) > 65536:
-                drop = len(self.changes) // 2
-                del self.changes[:drop]
-                self.base += drop
-            self.on_report()
+        if prev is not None and (reg, seq) <= prev[:2]:
+            return False
+        self.reports[host] = (reg, seq, report)
+        self.changes.append(host)
+        if len(self.changes) > 65536:
+            drop = len(self.changes) // 2
+            del self.changes[:drop]
+            self.base += drop
+        return True
 
     def changed_since(self, pos: int) -> Optional[List[str]]:
         """The hosts reported since position ``pos`` (None: too long ago,
@@ -155,8 +220,11 @@ class AckReceiver(asyncio.DatagramProtocol):
         return r[2] if r is not None and r[0] == registration else None
 
     def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        if self.sock is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
 
 
 class _Acker:
@@ -203,7 +271,7 @@ class AckSender(asyncio.DatagramProtocol):
         self.seq += 1
         self.registration = registration
         self.payload = {"c": self.cluster, "h": self.host, "g": registration, "q": self.seq,
-                        "r": report}
+                        "r": pack(report)}
         if not self.ackers:
             return False
         sent = True

@@ -114,6 +114,8 @@ class AsyncCluster:
         self._session = 0
         self._session_task: Optional[asyncio.Task[None]] = None
         self._cleanups: Set[asyncio.Task[Any]] = set()
+        self._spare: Optional[Tuple[int, float]] = None   # the next update's lease, granted
+        self._closing = False
 
     # ------------------------------------------------------------ set-up
     async def _ensure(self, deadline: Optional[float], session: bool = False) -> None:
@@ -177,6 +179,7 @@ class AsyncCluster:
                 pass
 
     async def aclose(self) -> None:
+        self._closing = True
         t, self._session_task = self._session_task, None
         if t is not None:
             t.cancel()
@@ -186,6 +189,9 @@ class AsyncCluster:
         lease, self._session = self._session, 0
         if lease:
             await self.etcd.lease_revoke(lease)
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            await self.etcd.lease_revoke(spare[0])
         if self.waits.receiver is not None:
             self.waits.receiver.close()
             self.waits.receiver = None
@@ -202,6 +208,41 @@ class AsyncCluster:
         t = spawn(coro)
         self._cleanups.add(t)
         t.add_done_callback(self._cleanups.discard)
+
+    async def _update_lease(self, deadline: Optional[float]) -> int:
+        """A lease for an update: the one granted after the last update if
+        it is young (an update's acquire is then one write, not two), else a
+        new one."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            if time.monotonic() - spare[1] < self.ttl / 3:
+                return spare[0]
+            self._background(self.etcd.lease_revoke(spare[0]))
+        return await self.etcd.lease_grant(self.ttl, deadline=deadline)
+
+    def _after_update(self, lease: int) -> None:
+        """Off the release's path (it has returned by then): revoke the
+        released update's lease (its key is already gone), and grant the
+        next update's."""
+        async def later() -> None:
+            await asyncio.sleep(0.2)
+            await self.etcd.lease_revoke(lease, deadline=time.monotonic() + 2.0)
+            if self._closing or self._spare is not None:
+                return
+            try:
+                spare = await self.etcd.lease_grant(self.ttl,
+                                                    deadline=time.monotonic() + 2.0)
+            except ClusterError:
+                return
+            if not self._keep_spare(spare):      # closed, or one came meanwhile
+                await self.etcd.lease_revoke(spare, deadline=time.monotonic() + 2.0)
+        self._background(later())
+
+    def _keep_spare(self, lease: int) -> bool:
+        if self._closing or self._spare is not None:
+            return False
+        self._spare = (lease, time.monotonic())
+        return True
 
     def _gate_value(self, paused: bool, mode: str, drain: bool = False,
                     op: Optional[str] = None) -> str:

@@ -113,21 +113,25 @@ class AsyncClusterUpdate:
         t0 = time.monotonic()
         deadline = deadline_of(self.timeout)
         await c._ensure(deadline, session=True)
-        self.lease = await e.lease_grant(c.ttl, deadline=deadline)
+        self.lease = await c._update_lease(deadline)
         self._ka = spawn(self._keepalive())
         gate_rev, paused = c.mirror.state.gate_rev, c.mirror.state.paused
         while True:
             info = {"by": c.who, "at": time.time(), "was_paused": paused, "op": self._op}
             if c._session:
                 info["session"] = f"{c._session:x}"
-            ok, rev, r = await e.txn(
-                [e.cmp_create(k.update, 0), e.cmp_mod(k.gate, gate_rev)],
-                [e.op_put(k.update, dumps(info), self.lease),
-                 e.op_put(k.gate, c._gate_value(True, "update", True, self._op)),
-                 e.op_range(k.hosts, prefix=True, keys_only=True)],
-                [e.op_range(k.update), e.op_range(k.gate),
-                 e.op_range(k.hosts, prefix=True, keys_only=True)],
-                deadline=deadline)
+            try:
+                ok, rev, r = await e.txn(
+                    [e.cmp_create(k.update, 0), e.cmp_mod(k.gate, gate_rev)],
+                    [e.op_put(k.update, dumps(info), self.lease),
+                     e.op_put(k.gate, c._gate_value(True, "update", True, self._op)),
+                     e.op_range(k.hosts, prefix=True, keys_only=True)],
+                    [e.op_range(k.update), e.op_range(k.gate),
+                     e.op_range(k.hosts, prefix=True, keys_only=True)],
+                    deadline=deadline)
+            except LeaseNotFound:          # a lease granted ahead that etcd lost: a new one
+                self.lease = await e.lease_grant(c.ttl, deadline=deadline)
+                continue
             if ok:
                 self.token = rev               # = the update key's create revision
                 self._was_paused = paused
@@ -249,8 +253,8 @@ class AsyncClusterUpdate:
                 ok = ok or self._was_mine(r)
         finally:
             # The update key is gone with the transaction: the lease only
-            # needs to go, nobody waits for it.
-            c._background(e.lease_revoke(self.lease, deadline=time.monotonic() + 2.0))
+            # needs to go, nobody waits for it (the next update's is granted).
+            c._after_update(self.lease)
         return ok, gen
 
     def _was_mine(self, r: List[List[Dict[str, Any]]]) -> bool:
