@@ -21,7 +21,8 @@ injected during the cycle, in turn:
   leader-cut      the Raft leader's link cut for 4 s
   racing          a second controller pausing and resuming meanwhile
   stale-updater   an updater stopped past its 2 s lease; another controller
-                  resumes; the updater wakes and keeps pushing chunks
+                  resumes (and waits for every host); the updater wakes and
+                  keeps pushing chunks
   host-restart    a host's processes killed, its /dev/shm locks removed,
                   servers started before the agent
 
@@ -134,6 +135,8 @@ class Matrix:
         self.resume_calls = []          # (start) of every resume, any controller
         self.after_pause = 0
         self.after_closing = 0
+        self.not_serving = []           # hosts that did not serve again after a cycle
+        self.reads = 0
         self.stale_applied = 0
         self.closed = {}
         self.overruns = []
@@ -147,9 +150,9 @@ class Matrix:
         finally:
             self.overruns.append(now() - t - timeout)
 
-    def resume(self, c=None):
+    def resume(self, c=None, wait=False):
         self.resume_calls.append(now())
-        return self.call((c or self.c).resume, TIMEOUT)
+        return self.call((c or self.c).resume, TIMEOUT, wait=wait)
 
     def check_pause(self, r, t_ret):
         """Reads admitted at acknowledged hosts after pause() returned, and
@@ -268,6 +271,26 @@ class Matrix:
             h.signal_agent(signal.SIGCONT)
         e.wait_healthy(30)
         self.c.wait_hosts(len(hs), timeout=30)
+        self.serves_again()
+
+    def serves_again(self):
+        """After the cycle every host serves again (0 reads after a pause
+        must not come from a fleet that never reopened).  A host left
+        behind or partial (restarted with an empty /dev/shm, or holding the
+        stale updater's chunks) is brought back as an operator would: by
+        the fleet's next update."""
+        t = now()
+        if any(reg.get("behind") for reg in self.c.status(timeout=10).hosts.values()):
+            self.call(self.c.pause, TIMEOUT)
+            self.fenced_update()
+            self.resume()
+        for h in self.hosts:
+            while not all(h.admitted_after(t, lock=n) for n in h.lock_names):
+                if now() - t > 30:
+                    self.not_serving.append(h.id)
+                    break
+                time.sleep(0.05)
+        self.reads = sum(len(h.admissions()) for h in self.hosts)
 
     def stale_cycle(self):
         log = os.path.join(self.tmp, f"pusher-{uuid.uuid4().hex[:6]}.log")
@@ -286,7 +309,11 @@ class Matrix:
             t = now()
             while self.c.status(timeout=5).update is not None and now() - t < 15:
                 time.sleep(0.1)
-            self.resume()
+            # Reopened: with wait, every host has mirrored the resume, and so
+            # the loss of the update before it (each raised its fences; a host
+            # holding the stale chunks stays paused, partial).  A chunk landing
+            # earlier lands on a host still paused that never serves it.
+            self.resume(wait=True)
             t_open = now()
             os.kill(p.pid, signal.SIGCONT)
             time.sleep(1.5)
@@ -298,6 +325,7 @@ class Matrix:
             if ln.startswith("applied") and float(ln.split()[2]) > t_open:
                 self.stale_applied += 1
         self.call(self.c.pause, TIMEOUT)
+        self.fenced_update()          # the fleet's own update: the hosts whole again
 
     def close(self):
         try:
@@ -329,7 +357,8 @@ def main(argv=None):
                 m.errors.append(f"{fault}: {type(e).__name__}: {e}")
             print(f"cycle {i + 1:>3} {fault:<14} reads after pause {m.after_pause} "
                   f"(lost hosts past their bound {m.after_closing}) "
-                  f"stale applied {m.stale_applied}", flush=True)
+                  f"stale applied {m.stale_applied}; reads so far {m.reads}; "
+                  f"hosts not serving again {m.not_serving}", flush=True)
     finally:
         m.close()
         import shutil
@@ -339,6 +368,7 @@ def main(argv=None):
            "reads_admitted_after_a_returned_pause": m.after_pause,
            "reads_at_lost_hosts_after_their_bound": m.after_closing,
            "stale_chunks_applied": m.stale_applied,
+           "reads_admitted": m.reads, "hosts_not_serving_again_after_a_cycle": m.not_serving,
            "closed_ms_during_routine_etcd_faults": m.closed,
            "max_call_overrun_s": round(max(m.overruns), 3) if m.overruns else None,
            "calls": len(m.overruns), "errors": m.errors,

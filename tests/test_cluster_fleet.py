@@ -111,8 +111,14 @@ def test_one_agent_serves_every_lock_of_its_host(fleet):
     assert r.acknowledged == ["h0", "h1"]
     time.sleep(0.3)
     assert all(h.admitted_after(t) == [] for h in hs)
-    c.resume(timeout=10)
+    c.resume(timeout=10, wait=True)                 # returns once every lock is open
     for h in hs:
+        for n in h.lock_names:
+            lk = pyshmlock.RWLock(n, create=False, stale="keep")
+            try:
+                assert not lk.paused, n
+            finally:
+                lk.close()
         h.wait_admitting()                          # every lock admits again
     victim = hs[1]
     victim.signal_agent(signal.SIGKILL)

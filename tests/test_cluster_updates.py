@@ -79,7 +79,9 @@ def test_a_failed_apply_marked_on_the_update_keeps_that_host_behind(fleet):
     with c.update(timeout=15) as u:
         u.mark_failed("h1")
     t = now()
-    c.resume(timeout=10)
+    c.resume(timeout=10, wait=True)     # returns: h1 keeps its lock paused for a reason
+    with pyshmlock.RWLock(hs[0].lock_name, create=False, stale="keep").attached() as lk:
+        assert not lk.paused                    # h0 reopened before resume() returned
     hs[0].wait_admitting(15)
     wait_for(lambda: _behind(c, "h1"), 10, "h1 reported behind")
     assert hs[1].admitted_after(t) == [], "a host whose apply failed served"
