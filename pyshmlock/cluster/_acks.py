@@ -95,7 +95,7 @@ _STANDING_OF = {v: k for k, v in _STANDING.items()}
 #: The receive buffer a controller asks for: a pause of N hosts is N
 #: datagrams in one burst (the kernel caps it at net.core.rmem_max unless
 #: the process may force it).
-RCVBUF = 4 << 20
+RCVBUF = 4 * 1024 * 1024
 
 
 def pack(report: Report) -> Dict[str, Any]:
