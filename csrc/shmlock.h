@@ -38,6 +38,10 @@
 #define SHL_EMANAGED  -15   /* resume of a lock whose host lease is armed: its cluster
                                agent decides when it opens */
 #define SHL_ENOSESSION -16  /* end of an update session that is not the current one */
+#define SHL_ENOROBUST -17   /* this platform has no robust futexes (set_robust_list
+                               fails, as under qemu-user): a process that died holding
+                               the lock would never be reclaimed.  Open with
+                               SHL_OPEN_NO_ROBUST to run without crash recovery. */
 
 #define SHL_EPERM     -20   /* the existing segment is not trusted: owned by another
                                user, or it grants group/other write beyond `mode`
@@ -70,9 +74,10 @@
 #define SHL_STATE_OWNER_MASK 0x00000FFFu   /* exclusive claim: owner slot + 1 */
 #define SHL_STATE_PAUSED     0x00004000u   /* the pause gate is closed */
 #define SHL_STATE_PINNED     0x00020000u   /* an update session pins the pause */
+#define SHL_STATE_SUSPECT    0x00040000u   /* the protected data is suspect */
 
 #define SHL_MAX_PROCESSES_LIMIT 4095
-#define SHL_LAYOUT_VERSION 3       /* the segment layout this core makes (CHANGELOG.md) */
+#define SHL_LAYOUT_VERSION 4       /* the segment layout this core makes (CHANGELOG.md) */
 #define SHL_NAME_MAX 200
 #define SHL_PATH_MAX 256           /* room for shl_segment_path's longest answer */
 
@@ -109,7 +114,10 @@ typedef struct shl_slot_snapshot {
     uint32_t readers;      /* read holds (plus transient admission attempts) */
     uint32_t owed;         /* readers of this process queued behind an exclusive phase */
     uint32_t waiting;      /* threads of this process blocked in a wait */
-    int32_t alive;         /* 1 owned by a live process, 0 free (or just recovered) */
+    int32_t alive;         /* 1 owned by a process that can still run (exiting ones
+                              too), 0 free (or just recovered) */
+    int32_t exiting;       /* 1 its keeper thread is gone but the process still
+                              runs: its holds stay until the process is gone */
     int32_t is_self;       /* the slot of this attachment (not: the same pid) */
     uint64_t pidns;        /* inode of the owner's PID namespace (0 unknown); the pid
                               is only meaningful inside that namespace */
@@ -142,6 +150,8 @@ typedef struct shl_snapshot {
     int64_t lease_remaining_ns;  /* host lease: until it passes; 0 with no lease */
     int32_t lease_armed;
     uint32_t lease_pid;
+    int32_t crash_recovery;      /* 0: this process runs without robust futexes
+                                    (SHL_OPEN_NO_ROBUST): its death is never noticed */
 } shl_snapshot;
 
 typedef struct shl_recovery_record {
@@ -187,6 +197,20 @@ typedef struct shl_open_info {
                                     it opens a lock whose slots are all taken; it
                                     may pause, resume (and wait), look, never hold
                                     (SHL_EINVAL) */
+#define SHL_OPEN_NO_ROBUST   8u  /* run even where robust futexes are missing
+                                    (SHL_ENOROBUST otherwise): without crash
+                                    recovery, a process that dies holding the lock
+                                    leaves it held for ever */
+
+/* What this platform offers the core (shl_platform): robust futexes
+ * (set_robust_list: crash recovery) and futex_waitv (Linux 5.16+: a waiter
+ * also sleeps on the watched processes' mutex words, so a death wakes it at
+ * once; without it a waiter re-probes every 5 ms).  PYSHMLOCK_NO_FUTEX_WAITV=1
+ * in the environment, read once at start, turns futex_waitv off (the path of
+ * kernels before 5.16, for tests and comparisons). */
+#define SHL_PLATFORM_ROBUST 1u
+#define SHL_PLATFORM_WAITV  2u
+uint32_t shl_platform(void);
 
 /* Open (and with SHL_OPEN_CREATE create) the lock "/pyshmlock.<name>".
  * A segment of another layout version that no live process uses (every
@@ -326,14 +350,17 @@ int shl_reset_stale(shl_lock *h, uint32_t dead_pauser);
 /* Observation without attaching: copies read with pread (O_RDONLY, never mapped)
  * that needs only read permission, takes no slot, and never writes.  Slot
  * liveness is read from the robust mutex's futex word (owner TID, and the
- * kernel's FUTEX_OWNER_DIED bit); dead processes are reported, never
- * reclaimed.  An empty (not yet initialised) segment is SHL_EINIT at once. */
+ * kernel's FUTEX_OWNER_DIED bit) and, where the keeper is gone, from the
+ * process's liveness lock and /proc (core/liveness.c); dead processes are
+ * reported, never reclaimed.  An empty (not yet initialised) segment is
+ * SHL_EINIT at once. */
 typedef struct shl_observer shl_observer;
 int shl_observe_open(const char *name, shl_observer **out);
 void shl_observe_close(shl_observer *o);
 int shl_observe_info(shl_observer *o, shl_snapshot *out);
-/* out->alive: 1 live (or a mutex we cannot read: never called dead),
- * 0 free or dead; a dead slot keeps its pid and counts until reclaimed. */
+/* out->alive: 1 live or exiting (or a mutex we cannot read: never called
+ * dead), 0 free or dead; a dead slot keeps its pid and counts until
+ * reclaimed. */
 int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out);
 int shl_observe_recovery(shl_observer *o, uint32_t index, shl_recovery_record *out);
 

@@ -52,8 +52,20 @@ def _segment_key(name: str) -> Optional[Tuple[int, int]]:
     return (st.st_dev, st.st_ino)
 
 
+#: The environment's opt-out of crash recovery where robust futexes are
+#: missing (see NoCrashRecoveryError).
+ALLOW_NO_ROBUST_ENV = "PYSHMLOCK_ALLOW_NO_ROBUST"
+
+
+def allow_no_robust(asked: bool) -> bool:
+    """Whether this open may run without crash recovery: asked by the
+    caller, or by the environment (``PYSHMLOCK_ALLOW_NO_ROBUST=1``)."""
+    return asked or os.environ.get(ALLOW_NO_ROBUST_ENV) == "1"
+
+
 def _attach(name: str, create: bool, mode: int, max_processes: int,
-            gid: int = -1, fail_closed: bool = False) -> _Attachment:
+            gid: int = -1, fail_closed: bool = False,
+            no_robust: bool = False) -> _Attachment:
     """This process's attachment to the segment ``name``, one more reference.
 
     The C open runs outside the registry lock: it may wait (up to 2 s) for a
@@ -63,7 +75,8 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     handle and the other is closed.
 
     ``fail_closed``: a segment this call creates starts paused under an
-    already-passed host lease (a cluster host's lock, see shl_open)."""
+    already-passed host lease (a cluster host's lock, see shl_open).
+    ``no_robust``: open even without robust futexes (no crash recovery)."""
     key = _segment_key(name)
     with _registry_lock:
         att = _registry.get(key) if key else None
@@ -74,7 +87,8 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     out = ffi.new("shl_lock **")
     info = ffi.new("shl_open_info *")
     flags = (lib.SHL_OPEN_CREATE if create else 0) | \
-        (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0)
+        (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0) | \
+        (lib.SHL_OPEN_NO_ROBUST if allow_no_robust(no_robust) else 0)
     rc = lib.shl_open(name.encode(), flags, mode, gid, max_processes, out, info)
     if rc != _OK:
         raise open_error(rc, name, info, mode, gid, max_processes if create else 0)

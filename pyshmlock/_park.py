@@ -153,14 +153,24 @@ class _ParkFuture:
 
 class _Parked:
     """The parking record of one attempt (kept across its parks): its loop,
-    the future it waits on now, its registration with the watcher (gen,
-    lw), and its deadline's timer (one per attempt, not per park)."""
+    the future it waits on now, its registration with the watcher (gen, lw,
+    and a copy of the waiter as registered), and its deadline's timer (one
+    per attempt, not per park).
+
+    The record refers to its attempt weakly: only the attempt's driver (its
+    task) keeps it alive, so a driver that drops a parked attempt drops it,
+    and the attempt withdraws its registration in the segment as it goes
+    (an owed reader that nobody will ever retry must not shut other
+    processes' writers out).  The watcher's count of it goes at the
+    watcher's next wake-up."""
     __slots__ = ("attempt", "future", "gen", "helper", "loop", "lw", "timer", "waiter")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, attempt: Any) -> None:
         self.loop = loop
-        self.attempt = attempt      # keeps the waiter below alive
-        self.waiter = ffi.cast("shl_waiter *", attempt._waiter)
+        self.attempt = weakref.ref(attempt)
+        # What the watcher was told at the last park (what it reads at the
+        # unpark too): a copy, valid whatever becomes of the attempt.
+        self.waiter = ffi.new("shl_waiter *")
         self.future: Optional[_ParkFuture] = None
         self.helper: Optional[_Helper] = None
         self.gen = 0
@@ -469,12 +479,16 @@ def _before_close(att: _Attachment) -> None:
         with helper.mu:
             waiting = 0
             for loop, lw in helper.live_loops():
+                # (A record whose attempt its driver dropped waits for
+                # nothing: the attempt withdrew as it went.)
+                live = [a for a in (p.attempt() for p in list(lw.parked.values()))
+                        if a is not None]
                 if loop.is_closed():
-                    abandoned, lw.parked = list(lw.parked.values()), {}
-                    for p in abandoned:
-                        p.attempt._cancel()
+                    lw.parked = {}
+                    for attempt in live:
+                        attempt._cancel()
                 else:
-                    waiting += len(lw.parked)
+                    waiting += len(live)
         if waiting:
             raise LockInUseError(
                 f"lock {att.name!r}: close() while {waiting} asyncio task(s) of this "
@@ -582,6 +596,7 @@ def park(attempt: Any) -> Optional[_ParkFuture]:
         p.helper.unpark(p)      # woken by its timer or set_result: still registered
     helper = _helper_for(lock)
     fut = p.future = _ParkFuture(p.loop)
+    ffi.memmove(p.waiter, ffi.cast("shl_waiter *", attempt._waiter), ffi.sizeof("shl_waiter"))
     if not helper.park(p):
         return None             # its word changed already: try again now
     if p.timer is None:

@@ -28,6 +28,7 @@ class _Lib:
     SHL_ESUSPECT: int
     SHL_EMANAGED: int
     SHL_ENOSESSION: int
+    SHL_ENOROBUST: int
     SHL_EPERM: int
     SHL_ESIZE: int
     SHL_READ_HOLDS_MAX: int
@@ -43,6 +44,7 @@ class _Lib:
     SHL_STATE_OWNER_MASK: int
     SHL_STATE_PAUSED: int
     SHL_STATE_PINNED: int
+    SHL_STATE_SUSPECT: int
     SHL_MAX_PROCESSES_LIMIT: int
     SHL_LAYOUT_VERSION: int
     SHL_NAME_MAX: int
@@ -58,6 +60,10 @@ class _Lib:
     SHL_OPEN_CREATE: int
     SHL_OPEN_FAIL_CLOSED: int
     SHL_OPEN_NO_SLOT: int
+    SHL_OPEN_NO_ROBUST: int
+    SHL_PLATFORM_ROBUST: int
+    SHL_PLATFORM_WAITV: int
+    def shl_platform(self) -> int: ...
     def shl_open(
         self,
         name: bytes,

@@ -138,9 +138,11 @@ class AsyncRWLock(_fastpath.AsyncLock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Any = None,
-                 stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
+                 stale: str = "reset", allow_no_robust: bool = False,
+                 _fail_closed: Optional[bool] = None) -> None:
         self._bind(RWLock(name, create=create, mode=mode, max_processes=max_processes,
-                          group=group, stale=stale, _fail_closed=_fail_closed))
+                          group=group, stale=stale, allow_no_robust=allow_no_robust,
+                          _fail_closed=_fail_closed))
         self.name = name
         self.reader_lock = AsyncHold(self._lock, lib.SHL_KIND_READ, None)
         self.writer_lock = AsyncHold(self._lock, lib.SHL_KIND_WRITE, None)

@@ -159,6 +159,10 @@ def format_status(info: LockInfo) -> str:
         lines.append(f"  queued reads  {q}")
     lines.append(f"  attached      {len(info.attached_pids)} of {info.max_processes} "
                  f"process slots ({', '.join(map(str, info.attached_pids))})")
+    exiting = [p.pid for p in info.processes if p.exiting]
+    if exiting:
+        lines.append(f"  exiting       {', '.join(map(str, exiting))} (their keeper thread is "
+                     "gone, the process still runs: their holds stand until it is gone)")
     if info.dead_pids:
         lines.append(f"  died attached {', '.join(map(str, info.dead_pids))} (their holds "
                      "count until an attached process reclaims them)")
@@ -168,6 +172,9 @@ def format_status(info: LockInfo) -> str:
     if info.data_suspect:
         lines.append("  DATA SUSPECT  an exclusive holder died mid-update; cleared by the "
                      "next completed write/update")
+    if not info.crash_recovery:
+        lines.append("  CRASH RECOVERY off: this platform has no robust futexes (as under "
+                     "qemu-user); a process that dies holding the lock is never reclaimed")
     if info.recoveries:
         lines.append(f"  recoveries    {info.recovery_count} (latest shown)")
         for r in info.recoveries:

@@ -90,6 +90,14 @@ class LockClosingError(PyshmlockError, RuntimeError):
     the process is shutting down (nothing was acquired)."""
 
 
+class NoCrashRecoveryError(PyshmlockError, RuntimeError):
+    """The platform has no robust futexes (``set_robust_list`` fails, as
+    under qemu-user emulation), so a process that died holding the lock
+    would never be reclaimed: opening is refused unless the caller runs
+    without crash recovery by choice (``allow_no_robust=True`` or
+    ``PYSHMLOCK_ALLOW_NO_ROBUST=1``)."""
+
+
 class FencingError(PyshmlockError, RuntimeError):
     """An update fenced with a token older than the newest this lock has
     seen: a newer update superseded the caller, which must not write."""
@@ -222,7 +230,7 @@ def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
 
 
 #: Segment layout -> the releases that use it (CHANGELOG.md's table).
-LAYOUT_RELEASES = {1: "0.1.x", 2: "0.2.x", 3: "0.3.x"}
+LAYOUT_RELEASES = {1: "0.1.x", 2: "0.2.x", 3: "0.3.x", 4: "0.4.x"}
 
 
 def layout_error(name: str, info: Any) -> LayoutVersionError:
@@ -268,6 +276,21 @@ def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
                        "/dev/shm is 64 MB by default: docker run --shm-size, or a larger "
                        "tmpfs); `df -h /dev/shm` shows what is left",
                        segment_path(name))
+    if rc == lib.SHL_ENOROBUST:
+        return NoCrashRecoveryError(
+            f"lock {name!r}: this platform has no robust futexes (set_robust_list is not "
+            "available, as under qemu-user emulation), so a process that died holding the "
+            "lock would never be reclaimed and every other process would wait for it for "
+            "ever. Run on a real Linux kernel, or run without crash recovery by choice: "
+            "RWLock(name, allow_no_robust=True), or PYSHMLOCK_ALLOW_NO_ROBUST=1 in the "
+            "environment")
+    if rc == lib.SHL_ESYS and ffi.errno == _errno.EMFILE:
+        return OSError(_errno.EMFILE,
+                       f"lock {name!r}: too many open files: every open lock keeps one file "
+                       "descriptor (the liveness lock that tells other processes this one "
+                       "runs); raise the limit (`ulimit -n`, "
+                       "resource.setrlimit(resource.RLIMIT_NOFILE, ...)) or close locks no "
+                       "longer used", segment_path(name))
     if rc == lib.SHL_EPERM:
         return untrusted_error(name, info, mode, gid)
     if rc == lib.SHL_ESIZE:

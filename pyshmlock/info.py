@@ -56,6 +56,10 @@ class AttachedProcess:
     queued_readers: int
     waiting: int
     is_self: bool        # this process's own attachment
+    #: Its keeper thread is gone but the process still runs (the rest of a
+    #: dying process, or a keeper that exited on its own): its holds stand
+    #: until the whole process is gone, then they are reclaimed.
+    exiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ class LockInfo:
     #: passed; None: no lease) and the pid that armed it.
     lease_remaining: Optional[float] = None
     lease_pid: Optional[int] = None
+    #: Whether dead processes are reclaimed here: False where the platform
+    #: has no robust futexes and the lock runs without crash recovery by
+    #: choice (``allow_no_robust``, ``PYSHMLOCK_ALLOW_NO_ROBUST=1``).
+    crash_recovery: bool = True
 
     def to_dict(self) -> Dict[str, Any]:
         """The snapshot as plain JSON-serialisable data."""
@@ -162,7 +170,7 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
             procs.append(AttachedProcess(
                 pid=slot.pid, pid_namespace=slot.pidns, slot=i, readers=slot.readers,
                 queued_readers=slot.owed, waiting=slot.waiting,
-                is_self=bool(slot.is_self) and not observer))
+                is_self=bool(slot.is_self) and not observer, exiting=bool(slot.exiting)))
             _add(waiters, slot.pid, slot.waiting)
         else:
             dead.append(slot.pid)
@@ -221,6 +229,7 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
         applied_update=snap.applied,
         lease_remaining=snap.lease_remaining_ns / 1e9 if snap.lease_armed else None,
         lease_pid=(snap.lease_pid or None) if snap.lease_armed else None,
+        crash_recovery=bool(snap.crash_recovery),
     )
 
 

@@ -236,7 +236,8 @@ class RWLock(_fastpath.Lock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Union[int, str, None] = None,
-                 stale: str = "reset", _fail_closed: Optional[bool] = None) -> None:
+                 stale: str = "reset", allow_no_robust: bool = False,
+                 _fail_closed: Optional[bool] = None) -> None:
         check_name(name)
         if _fail_closed is None:     # a cluster host's lock: the host setting says so
             _fail_closed = bool(create) and fail_closed_for(name)
@@ -245,9 +246,10 @@ class RWLock(_fastpath.Lock):
         check_mode(mode)
         check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
         check_bool(create, "create")
+        check_bool(allow_no_robust, "allow_no_robust")
         self.name = name
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
-                                                   gid, _fail_closed)
+                                                   gid, _fail_closed, allow_no_robust)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         if self._att.refs == 1:      # this process's first attachment to the segment

@@ -42,7 +42,15 @@ def _pid_running(pid: int, since: Optional[float] = None) -> bool:
         with open(f"/proc/{pid}/stat") as f:
             data = f.read()
     except (FileNotFoundError, ProcessLookupError):
-        return False
+        # Not in our /proc: gone, or hidden from us (/proc mounted hidepid=2
+        # hides other users' processes).  kill() with no signal tells.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass                  # EPERM: it runs, as another user
+        return True
     except OSError:
         return True
     try:

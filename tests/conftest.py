@@ -1,6 +1,10 @@
 """Shared fixtures: unique lock names that are always unlinked, and bounded
 child processes.  Every wait in a test has a timeout; a child that does not
-finish in time is killed and the test fails."""
+finish in time is killed and the test fails.  The markers
+``needs_robust_futex`` and ``needs_futex_waitv`` skip a test where the
+kernel (or emulator) lacks the feature, naming what the probe found
+(kernel_features.py); ``needs_native_execution("why")`` skips one that a
+user-mode emulator cannot run, saying why."""
 import multiprocessing as mp
 import os
 import traceback
@@ -8,6 +12,7 @@ import uuid
 
 import pytest
 from helpers import remove_lock
+from kernel_features import emulated, futex_waitv_missing, robust_futexes_missing
 
 import pyshmlock
 
@@ -30,6 +35,32 @@ os.environ.setdefault("PYSHMLOCK_CSRC", os.path.join(
 collect_ignore = ["sglang_shim"]
 
 SHM_DIR = "/dev/shm"
+
+# A marker, and the probe that says why this machine cannot run its tests.
+KERNEL_FEATURES = {
+    "needs_robust_futex": (robust_futexes_missing,
+                           "needs the kernel to mark a dead owner's robust mutex "
+                           "(crash recovery)"),
+    "needs_futex_waitv": (futex_waitv_missing,
+                          "needs futex_waitv (Linux 5.16+): a waiter's death watch"),
+    "needs_native_execution": (emulated,
+                               "needs the machine's own CPU: the emulator itself fails it "
+                               "(the marker's reason says how)"),
+}
+
+
+def pytest_configure(config):
+    for marker, (_, what) in KERNEL_FEATURES.items():
+        config.addinivalue_line("markers", f"{marker}: {what}")
+
+
+def pytest_runtest_setup(item):
+    for marker, (missing, _) in KERNEL_FEATURES.items():
+        mark = item.get_closest_marker(marker)
+        if mark is not None:
+            why = missing()
+            if why:
+                pytest.skip(f"{why}; {mark.args[0]}" if mark.args else why)
 
 
 def unique_name(tag="t"):
@@ -62,6 +93,12 @@ def _child_main(fn, q, args):
         raise
 
 
+# How long a test waits for a child's word or exit before it fails: a bound
+# for a child that hangs, far beyond what a loaded or emulated machine takes
+# to start one (a spawned interpreter under qemu-user can take over 10 s).
+CHILD_WAIT = 60.0
+
+
 class Child:
     """A forked process running fn(queue, *args); talks back over a queue."""
 
@@ -74,18 +111,18 @@ class Child:
     def pid(self):
         return self.p.pid
 
-    def get(self, timeout=10.0):
+    def get(self, timeout=CHILD_WAIT):
         item = self.q.get(timeout=timeout)
         if isinstance(item, tuple) and item and item[0] == "error":
             raise AssertionError("child failed:\n" + item[1])
         return item
 
-    def expect(self, value, timeout=10.0):
+    def expect(self, value, timeout=CHILD_WAIT):
         got = self.get(timeout)
         assert got == value, f"expected {value!r} from child, got {got!r}"
         return got
 
-    def join(self, timeout=10.0):
+    def join(self, timeout=CHILD_WAIT):
         self.p.join(timeout)
         if self.p.is_alive():
             self.p.kill()

@@ -12,10 +12,14 @@ class Gdb:
     """gdb attached in non-stop mode: a breakpoint stops only its thread."""
 
     def __init__(self, pid):
+        # gdb itself never runs under a sanitizer's preload (a sanitizer
+        # run of the suite preloads ASan for the processes under test).
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         self.p = subprocess.Popen(
             ["gdb", "-q", "-nx", "-iex", "set non-stop on", "-iex", "set pagination off",
              "-iex", "set confirm off", "-p", str(pid)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env)
         os.set_blocking(self.p.stdout.fileno(), False)
         self.out = ""
 

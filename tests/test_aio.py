@@ -9,6 +9,7 @@ import time
 
 import pytest
 from conftest import FORK
+from helpers import wait_for
 from holders import hold_until_told, timed_acquire
 
 import pyshmlock
@@ -32,13 +33,6 @@ def resume_after(q, name, delay):
     lk.close()
 
 
-def hold_write_for(q, name, seconds):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_write(5)
-    q.put("holding")
-    time.sleep(seconds)
-    lk.release_write()
-    lk.close()
 
 
 
@@ -69,11 +63,11 @@ def test_5000_parked_tasks_on_a_paused_lock(lock_name, children):
         assert got == [], "a task got a read hold while paused"
         assert os_threads() - before <= 2
         c = children(resume_after, lock_name, 0.0)
-        _, t_resume = await asyncio.get_running_loop().run_in_executor(None, c.get)
-        await asyncio.wait_for(asyncio.gather(*tasks), 5)
-        elapsed = time.monotonic() - t_resume
+        await asyncio.get_running_loop().run_in_executor(None, c.get)
+        # How fast they get in is the benchmarks' business (bench/); here,
+        # that every one does, bounded for a slow (emulated) machine.
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
         assert len(got) == 5000 and not any(p for _, p in got)
-        assert elapsed < 2.0, f"all 5000 got in {elapsed:.2f} s after resume"
 
     asyncio.run(main())
     assert not alock.locked()
@@ -81,29 +75,33 @@ def test_5000_parked_tasks_on_a_paused_lock(lock_name, children):
 
 
 def test_loop_keeps_ticking_while_a_writer_waits(lock_name, children):
+    """While a write attempt waits for another process's hold, the loop runs
+    other tasks: a ticker ticks 20 times, and only then is the hold given
+    back.  An attempt that blocked the loop would never see it given back."""
     alock = pyshmlock.AsyncRWLock(lock_name)
-    c = children(hold_write_for, lock_name, 0.5)
-    c.expect("holding")
+    cmd = FORK.Queue()
+    c = children(hold_until_told, lock_name, cmd, "write")
+    c.expect("writing")
 
     async def main():
-        ticks = []
+        ticked = asyncio.Event()
 
         async def ticker():
-            while True:
-                ticks.append(time.monotonic())
+            for _ in range(20):
                 await asyncio.sleep(0.01)
+                assert not attempt.done()
+            ticked.set()
 
+        attempt = asyncio.create_task(alock.acquire_write(60))
         t = asyncio.create_task(ticker())
-        t0 = time.monotonic()
-        assert await alock.acquire_write(5)
-        waited = time.monotonic() - t0
+        await asyncio.wait_for(ticked.wait(), 60)
+        cmd.put("go")                          # the ticks happened while it waited
+        assert await attempt
         alock.release_write()
-        t.cancel()
-        gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-        assert waited > 0.3
-        assert len(ticks) > 20 and max(gaps) < 0.1, max(gaps)
+        await t
 
     asyncio.run(main())
+    c.expect("released")
     alock.close()
 
 
@@ -112,8 +110,8 @@ def test_cancelled_waiter_leaves_nothing_behind(lock_name, children, kind):
     alock = pyshmlock.AsyncRWLock(lock_name)
     cmd = FORK.Queue()
     if kind == "read":
-        blocker = children(hold_write_for, lock_name, 1.0)
-        blocker.expect("holding")
+        blocker = children(hold_until_told, lock_name, cmd, "write")
+        blocker.expect("writing")
         coro = alock.acquire_read
     elif kind in ("write", "update"):
         blocker = children(hold_until_told, lock_name, cmd)
@@ -136,10 +134,8 @@ def test_cancelled_waiter_leaves_nothing_behind(lock_name, children, kind):
     me = os.getpid()
     # The helper thread may still be in its last (bounded) sleep; it holds
     # nothing, but wait for it so `waiters` is checked too.
-    deadline = time.monotonic() + 3
-    while me in info.waiters and time.monotonic() < deadline:
-        time.sleep(0.05)
-        info = alock.info()
+    wait_for(lambda: me not in alock.info().waiters, 30, what="the helper's last sleep")
+    info = alock.info()
     assert me not in info.readers and me not in info.queued_readers and me not in info.waiters
     assert info.writer_pid != me and info.updater_pid != me
     if kind in ("write", "update"):
@@ -147,18 +143,23 @@ def test_cancelled_waiter_leaves_nothing_behind(lock_name, children, kind):
         assert alock._lock.acquire_read(0)
         alock.release_read()
         cmd.put("go")
+    if kind == "read":
+        cmd.put("go")
     if kind == "wait_resumed":
         assert alock._lock.resume(1)
-    w = children(timed_acquire, lock_name, "write", 5)
-    ok, waited = w.get()
-    assert ok and waited < 2.0
+    # Nothing left behind blocks a writer (a stranded claim or read would
+    # hold it to its timeout).
+    w = children(timed_acquire, lock_name, "write", 30)
+    ok, _ = w.get(timeout=40)
+    assert ok
     alock.close()
 
 
 def test_timeouts_and_context_managers(lock_name, children):
     alock = pyshmlock.AsyncRWLock(lock_name)
-    c = children(hold_write_for, lock_name, 0.6)
-    c.expect("holding")
+    cmd = FORK.Queue()
+    c = children(hold_until_told, lock_name, cmd, "write")
+    c.expect("writing")
 
     async def main():
         assert await alock.acquire_read(0) is False
@@ -166,7 +167,8 @@ def test_timeouts_and_context_managers(lock_name, children):
         with pytest.raises(TimeoutError):
             async with alock.read(0.05):
                 pass
-        async with alock.read(5):
+        cmd.put("go")
+        async with alock.read(30):
             assert alock.locked()
         async with alock.writer_lock:
             assert alock.info().writer_pid == os.getpid()
@@ -200,12 +202,12 @@ def test_parked_update_proceeds_when_another_process_pauses(lock_name, children)
         assert not await alock.acquire_read(0.05)
         p = children(pause_now, lock_name)
         await asyncio.get_running_loop().run_in_executor(None, p.get)
-        assert await asyncio.wait_for(task, 2)
-        resume = asyncio.create_task(alock.resume(5))
+        assert await asyncio.wait_for(task, 30)
+        resume = asyncio.create_task(alock.resume(30))
         await asyncio.sleep(0.2)
         assert not resume.done(), "resume must wait for the update"
         alock.release_update()
-        assert await asyncio.wait_for(resume, 2)
+        assert await asyncio.wait_for(resume, 30)
 
     asyncio.run(main())
     cmd.put("go")
@@ -283,16 +285,17 @@ def test_late_parked_drain_waiter_is_watched_at_once(lock_name):
         return took
 
     async def main():
-        early = [await drain_wake(False) for _ in range(3)]
-        late = [await drain_wake(True) for _ in range(3)]
-        return sorted(early)[1], min(late)
+        early = [await drain_wake(False) for _ in range(5)]
+        late = [await drain_wake(True) for _ in range(5)]
+        return sorted(early)[2], min(late)
 
     try:
         early, late = asyncio.run(main())
         # Noticed only when the helper's sleep slice ends, the late waiter
-        # would wake 80-200 ms late here.  Watched at once, it wakes like
-        # the early one.
-        assert late < max(10 * early, 0.03), (early, late)
+        # would wake 80-200 ms late here, every time.  Watched at once, it
+        # wakes like the early one (the best of five: a loaded machine
+        # delays some wake-ups by tens of ms, not all five).
+        assert late < max(10 * early, 0.06), (early, late)
     finally:
         alock.close()
         blocking.close()
@@ -361,7 +364,9 @@ def test_close_stops_the_watcher_thread(lock_name):
     # The threads parking started are gone (threads the runtime starts on
     # its own, e.g. a sanitizer's, do not count).
     assert not started & set(os.listdir("/proc/self/task"))
-    assert len(os.listdir("/proc/self/fd")) == before_fds
+    # No eventfd is left; the lock's own descriptor (its liveness lock)
+    # closed with it.
+    assert len(os.listdir("/proc/self/fd")) == before_fds - 1
 
 
 # ------------------------------------------- the wake-up runs the task at once

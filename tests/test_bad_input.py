@@ -204,6 +204,7 @@ def open_as_nobody(q, name):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to switch to another user")
+@pytest.mark.timeout(120)          # a spawned interpreter: slow to start under emulation
 def test_permission_denied(lock, lock_name, children):
     # Spawned, not forked: a forked child inherits the parent's mapping.
     import multiprocessing as mp

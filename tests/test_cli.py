@@ -64,6 +64,7 @@ def test_watch_refreshes(lock, lock_name):
     assert p.returncode == 0 and p.stdout.count(f"lock {lock_name}") == 2
 
 
+@pytest.mark.needs_robust_futex
 def test_status_reports_recoveries(lock, lock_name, children):
     from test_crash import hold_and_hang
     c = children(hold_and_hang, lock_name, "write")

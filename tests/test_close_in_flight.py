@@ -8,20 +8,13 @@ import threading
 import time
 
 import pytest
+from conftest import FORK
 from helpers import reap
+from holders import hold_until_told
 
 import pyshmlock
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def hold_read_4s(q, name):
-    lk = pyshmlock.RWLock(name)
-    assert lk.acquire_read(5)
-    q.put("reading")
-    time.sleep(4)
-    lk.release_read()
-    lk.close()
 
 
 def _close_under_a_blocked_writer(name, result_fd):
@@ -32,7 +25,7 @@ def _close_under_a_blocked_writer(name, result_fd):
     t = threading.Thread(target=lambda: out.append(lk.acquire_write(3)))
     t.start()
     t0 = time.monotonic()
-    while lk.info().writer_pid != os.getpid() and time.monotonic() - t0 < 5:
+    while lk.info().writer_pid != os.getpid() and time.monotonic() - t0 < 30:
         time.sleep(0.005)
     try:
         lk.close()
@@ -48,7 +41,8 @@ def _close_under_a_blocked_writer(name, result_fd):
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_close_while_another_thread_waits_is_refused_not_a_crash(lock_name, children):
-    c = children(hold_read_4s, lock_name)
+    cmd = FORK.Queue()
+    c = children(hold_until_told, lock_name, cmd)        # reads until the end
     c.expect("reading")
     r, w = os.pipe()
     pid = os.fork()
@@ -59,9 +53,10 @@ def test_close_while_another_thread_waits_is_refused_not_a_crash(lock_name, chil
         finally:
             os._exit(3)
     os.close(w)
-    status = reap(pid, 20.0)
+    status = reap(pid, 60.0)
     got = os.read(r, 4096).decode(errors="replace")
     os.close(r)
+    cmd.put("go")
     assert status is not None, "the child hung"
     assert os.WIFEXITED(status), f"the child died of signal {os.WTERMSIG(status)} ({got!r})"
     assert got.startswith("refused:"), got
@@ -71,16 +66,15 @@ def test_close_while_another_thread_waits_is_refused_not_a_crash(lock_name, chil
 
 def test_close_with_an_asyncio_task_parked_is_refused(lock_name, children):
     import asyncio
-    c = children(hold_read_4s, lock_name)
+    cmd = FORK.Queue()
+    c = children(hold_until_told, lock_name, cmd)        # reads until the end
     c.expect("reading")
 
     async def main():
         alk = pyshmlock.AsyncRWLock(lock_name)
-        task = asyncio.ensure_future(alk.acquire_write(10))
-        for _ in range(500):
+        task = asyncio.ensure_future(alk.acquire_write(60))
+        while alk.info().writer_pid != os.getpid():      # parked, its claim made
             await asyncio.sleep(0.005)
-            if alk.info().writer_pid == os.getpid():
-                break
         with pytest.raises(pyshmlock.LockInUseError, match="waiting|in flight"):
             alk.close()
         task.cancel()
@@ -92,6 +86,8 @@ def test_close_with_an_asyncio_task_parked_is_refused(lock_name, children):
     alk = asyncio.run(asyncio.wait_for(main(), 30))
     with pytest.raises(ValueError, match="closed"):
         alk.pause()
+    cmd.put("go")
+    c.expect("released")
 
 
 def test_a_refused_close_never_disturbs_calls_of_other_threads(lock):

@@ -6,6 +6,7 @@ that nobody can end, or a stale end unpins the next session); a fork that
 lands during another thread's close leaves the child able to open the lock
 again.  Each window is held open with gdb (tests/debugger.py)."""
 import os
+import platform
 import shutil
 import signal
 import struct
@@ -23,10 +24,12 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb"),
 ]
 
-# Offsets in the segment (layout 3, x86-64), checked against the header's
-# own header_size/slot_size fields before use.
+# Offsets in the segment (layout 3), checked against the header's own
+# header_size/slot_size fields before use.  A slot's pid follows its glibc
+# mutex: 40 bytes on x86-64, 48 on aarch64 (verify/glibc_layout.c prints it).
 HDR_SIZE, SLOT_SIZE = 768, 128
-OFF_STATE, OFF_TOKEN, OFF_SLOT_PID = 64, 704, 40
+OFF_STATE, OFF_TOKEN = 64, 704
+OFF_SLOT_PID = {"x86_64": 40, "aarch64": 48}.get(platform.machine(), 40)
 ST_PINNED = 0x20000
 TOKEN_ENDING = 1 << 63
 
@@ -64,7 +67,7 @@ def stall_watchdog_in_expiry(name):
     p1 = spawn(P1, name, "0.3")
     assert p1.stdout.readline().strip() == "ready"
     g = Gdb(p1.pid)
-    g.send("break mark_suspect")   # session_expire: after claim_ending, before unpin
+    g.send("break mark_counted")   # session_expire: after claim_ending, before unpin
     g.send("continue -a &")
     g.expect("hit Breakpoint", 10)
     state, token, pid0 = raw(name)

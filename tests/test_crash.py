@@ -13,7 +13,8 @@ from conftest import FORK, Child
 
 import pyshmlock
 
-pytestmark = pytest.mark.timeout(120)
+# Every test here needs the kernel to mark a dead owner (robust futexes).
+pytestmark = [pytest.mark.timeout(120), pytest.mark.needs_robust_futex]
 
 RECOVERY_BOUND = 1.0   # seconds; typical recovery is well under a millisecond
 

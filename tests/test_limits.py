@@ -29,6 +29,7 @@ def open_many(q, names):
     time.sleep(600)
 
 
+@pytest.mark.needs_robust_futex
 def test_process_dying_with_thousands_of_locks_is_reclaimed_everywhere():
     base = unique_name("many")
     names = [f"{base}-{i}" for i in range(MANY)]
@@ -116,6 +117,7 @@ class NsChild:
 
 
 @needs_unshare
+@pytest.mark.needs_robust_futex
 def test_processes_with_the_same_pid_in_two_namespaces(lock_name):
     a = b = None
     try:

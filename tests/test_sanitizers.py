@@ -25,7 +25,8 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 # corrupted segments); together they take about a minute under ASan.
 SUITES = ("test_semantics.py", "test_crash.py", "test_stress.py", "test_bad_input.py",
           "test_fuzz.py", "test_trust.py", "test_limits.py", "test_fastpath.py",
-          "test_aio.py", "test_close_in_flight.py", "test_raw_segment_state.py")
+          "test_aio.py", "test_close_in_flight.py", "test_raw_segment_state.py",
+          "test_process_exit.py")
 
 # The child run must not recurse into this file.
 INNER = "PYSHMLOCK_SANITIZED_RUN"

@@ -6,12 +6,14 @@ straight after the grant, blocking and asyncio).  The signal is taken by
 another thread, so the waiting thread gets no EINTR and the handler runs
 only once the grant has returned.  The reader that keeps the update waiting is another process."""
 import asyncio
+import os
 import signal
 import threading
 import time
 
 import pytest
 from conftest import FORK
+from helpers import wait_until_waiting
 from holders import hold_until_told
 
 import pyshmlock
@@ -45,7 +47,7 @@ def test_an_interrupt_landing_right_after_the_update_is_granted_leaks_no_hold(
     started.wait(5)
 
     def later():
-        time.sleep(0.3)
+        wait_until_waiting(lock, os.getpid())   # begin_session waits for the reader
         signal.pthread_kill(taker.ident, signal.SIGUSR1)   # trips the handler only
         time.sleep(0.2)
         cmd.put("go")                                       # the update is granted

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from helpers import wait_for, wait_until_waiting
 from holders import hold_until_told
 
 import pyshmlock
@@ -47,9 +48,8 @@ def resume_and_report(q, name, timeout):
 
 def update_once(q, name):
     lk = pyshmlock.RWLock(name)
-    t0 = time.monotonic()
     assert lk.acquire_update(5)
-    q.put(("updated", time.monotonic() - t0))
+    q.put("updated")
     lk.release_update()
     lk.close()
 
@@ -62,7 +62,7 @@ def test_a_session_begun_in_one_process_is_ended_in_another(lock, lock_name, chi
     assert lock.session.pid == a.pid
     r = children(resume_and_report, lock_name, 20.0)
     r.expect("resuming")
-    time.sleep(0.3)
+    wait_until_waiting(lock, r.pid)
     assert lock.paused, "resume opened the gate inside a session"
     children(end_session_of, lock_name, token).expect("ended")
     assert r.get() == ("resumed", True)
@@ -76,9 +76,10 @@ def test_update_calls_inside_a_session_do_not_wait_for_frozen_readers(lock, lock
     reader.expect("reading")
     lock.pause()                          # the reader is frozen, as a paused server's
     token = lock.begin_session(ttl=30, timeout=5)
-    for _ in range(3):                    # three update calls, each in another process
-        what, waited = children(update_once, lock_name).get()
-        assert what == "updated" and waited < 1.0
+    # Three update calls, each in another process: each gets in while the
+    # frozen reader holds (one that waited for it would fail in 5 s).
+    for _ in range(3):
+        assert children(update_once, lock_name).get(timeout=30) == "updated"
     assert lock.info().readers, "the frozen reader still holds its read"
     lock.end_session(token)
     cmd.put("go")
@@ -91,9 +92,9 @@ def test_begin_on_a_running_lock_drains_every_reader_first(lock, lock_name, chil
     reader = children(hold_until_told, lock_name, cmd)
     reader.expect("reading")
     began = {}
-    t = threading.Thread(target=lambda: began.setdefault("token", lock.begin_session(30, 10)))
+    t = threading.Thread(target=lambda: began.setdefault("token", lock.begin_session(30, 30)))
     t.start()
-    time.sleep(0.3)
+    wait_until_waiting(lock, os.getpid())
     assert "token" not in began, "a session began beside a running request"
     cmd.put("go")
     reader.expect("released")
@@ -110,9 +111,9 @@ def test_a_second_session_waits_for_the_first_or_times_out(lock):
         lock.begin_session(ttl=30, timeout=0.3)
     assert time.monotonic() - t0 >= 0.29
     got = {}
-    t = threading.Thread(target=lambda: got.setdefault("t", lock.begin_session(30, 10)))
+    t = threading.Thread(target=lambda: got.setdefault("t", lock.begin_session(30, 30)))
     t.start()
-    time.sleep(0.2)
+    wait_until_waiting(lock, os.getpid())
     assert "t" not in got
     lock.end_session(token)
     t.join(10)
@@ -121,6 +122,7 @@ def test_a_second_session_waits_for_the_first_or_times_out(lock):
     assert lock.resume(1)
 
 
+@pytest.mark.needs_robust_futex
 def test_the_beginning_process_dying_does_not_end_the_session(lock, lock_name, children):
     a = children(begin_and_report, lock_name, 30.0)
     _, token = a.get()
@@ -135,10 +137,8 @@ def test_the_beginning_process_dying_does_not_end_the_session(lock, lock_name, c
 
 def test_an_expired_session_keeps_the_gate_shut_and_marks_the_data_suspect(lock):
     lock.begin_session(ttl=0.3)
-    t0 = time.monotonic()
     with pytest.raises(pyshmlock.DataSuspectError, match="suspect"):
-        lock.resume(10)                 # woken by the expiry, then refused
-    assert time.monotonic() - t0 < 2.0
+        lock.resume(40)       # woken by the expiry, then refused (not False at the timeout)
     info = lock.info()
     assert info.paused and info.data_suspect and info.session is None
     assert info.session_expiries == 1
@@ -165,15 +165,15 @@ def test_an_update_call_that_outlives_its_sessions_expiry_clears_nothing(lock):
     suspect (the model check found the race in the first design)."""
     lock.begin_session(ttl=0.3)
     assert lock.acquire_update(1)            # an update call of the session
-    deadline = time.monotonic() + 5
-    while lock.info().session is not None and time.monotonic() < deadline:
-        time.sleep(0.05)                     # the lease watchdog expires it
+    wait_for(lambda: lock.info().session is None, 30,      # the lease watchdog expires it
+             what="the session's expiry")
     lock.release_update()
     assert lock.info().data_suspect
     with pytest.raises(pyshmlock.DataSuspectError):
         lock.resume(1)
 
 
+@pytest.mark.needs_robust_futex
 def test_a_completed_session_clears_an_older_mark(lock, lock_name, children):
     c = children(hold_and_die_holding_update, lock_name)
     c.expect("updating")
@@ -193,6 +193,7 @@ def hold_and_die_holding_update(q, name):
     time.sleep(600)
 
 
+@pytest.mark.needs_robust_futex
 def test_a_lost_update_fails_closed_until_forced(lock, lock_name, children):
     c = children(hold_and_die_holding_update, lock_name)
     c.expect("updating")
@@ -203,9 +204,9 @@ def test_a_lost_update_fails_closed_until_forced(lock, lock_name, children):
     assert r.get() == ("refused", None)
     assert lock.paused and lock.info().data_suspect
     cli = [sys.executable, "-m", "pyshmlock", "resume", lock_name, "--timeout", "2"]
-    p = subprocess.run(cli, capture_output=True, text=True, timeout=30)
+    p = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "suspect" in p.stderr and "--force" in p.stderr
-    p = subprocess.run(cli + ["--force"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run(cli + ["--force"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert not lock.paused and not lock.info().data_suspect
 
@@ -263,6 +264,7 @@ def hold_and_die(q, name, kind, pause):
     time.sleep(600)
 
 
+@pytest.mark.needs_robust_futex
 @pytest.mark.parametrize("kind", ["write", "update"])
 def test_an_exclusive_holder_dead_under_a_pause_keeps_the_gate_shut(lock, lock_name,
                                                                    children, kind):
@@ -285,15 +287,14 @@ def claim_then_wait(q, name):
     lk.acquire_write(60)                 # waits for the parent's read, killed meanwhile
 
 
+@pytest.mark.needs_robust_futex
 def test_a_writer_killed_while_it_waited_for_readers_marks_nothing(lock, lock_name, children):
     """It claimed the lock but never held it: nothing was written, the loss
     is recorded as a claim and the data stays trusted."""
     assert lock.acquire_read(2)
     c = children(claim_then_wait, lock_name)
     c.expect("claiming")
-    deadline = time.monotonic() + 5
-    while lock.info().writer_pid != c.pid and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: lock.info().writer_pid == c.pid, 30, what="the writer's claim")
     assert lock.info().writer_pid == c.pid and not lock.info().exclusive_granted
     os.kill(c.pid, signal.SIGKILL)
     c.kill()

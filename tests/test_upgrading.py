@@ -39,6 +39,7 @@ def rm(name, *flags):
                           capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.needs_robust_futex
 def test_an_old_layout_nobody_uses_is_replaced_at_the_first_open(lock_name, children):
     old = children(attach_and_stay, lock_name)
     old.expect("attached")
@@ -59,6 +60,7 @@ def test_an_old_layout_nobody_uses_is_replaced_at_the_first_open(lock_name, chil
         lk.close()
 
 
+@pytest.mark.needs_robust_futex
 def test_rm_removes_an_old_layout_nobody_uses(lock_name):
     subprocess.run([sys.executable, "-c",
                     "import pyshmlock, sys; pyshmlock.RWLock(sys.argv[1])", lock_name],

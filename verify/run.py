@@ -37,6 +37,7 @@ class Config(NamedTuple):
     exhaustive: bool = True      # False: bitstate (supertrace), a partial search
     quick: bool = True           # part of --quick (and of the test suite)
     reduce: bool = True          # False: partial-order reduction off (see DESIGN.md §9)
+    pan_args: Tuple[str, ...] = ()   # e.g. -E: assertions only, no invalid end states
 
 
 W, R, U, P = "KIND_WRITE", "KIND_READ", "KIND_UPDATE", "KIND_NONE"   # P: pause+resume
@@ -70,6 +71,12 @@ def sessions(a: str, b: str, c: Optional[str] = None, victim: Optional[int] = No
 
 TWO = ("NP=2", "OPS=1", "MAXDEATHS=0")
 TWO_DEATH = ("NP=2", "OPS=1", "MAXDEATHS=1")
+# thread by thread: a keeper may die before its process, which runs on
+TWO_ZOMBIE = TWO_DEATH + ("ZOMBIE",)
+# ... under a recovery that trusts the keeper's death (the core before
+# liveness.c), checking only that a release never clears a claim it does not
+# own (-E: the deadlocks such a recovery makes are not what is asked here)
+TRUSTING = TWO_ZOMBIE + ("TRUST_KEEPER_DEATH", "RELEASE_PROPERTY_ONLY")
 # the victim closes the lock instead of dying, wherever shl_close lets it:
 # between two calls of an operation (an asyncio attempt parked) or between
 # operations; its slot is freed clean, without OWNER_DIED
@@ -106,21 +113,29 @@ CONFIGS = [
     Config("2 processes x 1 op, SIGKILL, no reduction", TWO_DEATH, reduce=False),
     Config("2 processes x 1 op, one may close the lock", TWO_CLOSE),
     Config("2 processes x 1 op, close, no reduction", TWO_CLOSE, reduce=False),
+    Config("2 processes x 1 op, a keeper may die before its process", TWO_ZOMBIE),
+    Config("pause+resume, write; the writer's keeper may die first",
+           pair(P, W, victim=1) + ("ZOMBIE",)),
+    Config("pause+resume, update; the updater's keeper may die first",
+           pair(P, U, victim=1) + ("ZOMBIE",)),
+    Config("a release under a recovery that trusts the keeper's death", TRUSTING,
+           pan_args=("-E",)),
     Config("3 processes: read, update, pause+resume", fixed(R, U, P)),
     Config("session, pause+resume; a session may expire", sessions(S, P)),
     Config("two sessions; either may expire", sessions(S, S)),
     Config("session, pause+resume; the session's process may die", sessions(S, P, victim=0)),
     Config("pause+resume, update; the updater may die", pair(P, U, victim=1)),
     Config("pause+resume, write; the writer may die", pair(P, W, victim=1)),
+    Config("session, pause+resume; the session's keeper may die first",
+           sessions(S, P, victim=0) + ("ZOMBIE",), quick=False),
     Config("session, an update call of another process that may die",
            sessions(S, U, victim=1), quick=False),
     Config("session, read, pause+resume", sessions(S, R, P), quick=False),
-    # A 3-bit epoch: with 2 bits the two sessions' four claims wrap it back
-    # between the resumer's look and its CAS, which then opens the gate on
-    # the expired session's data (DESIGN.md §9, "A resume whose word comes
-    # back bit for bit": 16,384 claims in C)
-    Config("session, session, pause+resume; 3-bit epoch",
-           sessions(S, S, P) + ("EPOCH_BITS=3",), quick=False),
+    # A 2-bit epoch: the two sessions' four claims wrap it back between the
+    # resumer's look and its CAS; the suspect mark in the state word makes
+    # that CAS fail (DESIGN.md §9, "A resume whose word comes back bit for
+    # bit"; the mutant RESUME_SUSPECT_APART is the mark read apart)
+    Config("session, session, pause+resume; 2-bit epoch", sessions(S, S, P), quick=False),
     Config("session, read, pause+resume; the session's process may die",
            sessions(S, R, P, victim=0), quick=False),
     Config("epoch wraps in a reader's wait: read, 4 writes, pause", wrap(), quick=False),
@@ -132,6 +147,8 @@ CONFIGS = [
            reduce=False),
     Config("2 processes x 2 ops, one may close the lock", two_by(2, 1) + ("CLOSE",),
            quick=False),
+    Config("2 processes x 2 ops, a keeper may die before its process",
+           two_by(2, 1) + ("ZOMBIE",), quick=False),
     Config("3 processes x 1 op, free choice", FREE3, quick=False),
     # three exclusive phases can pass a reader only with 2 ops per writer
     Config("3 processes: write, write, read, 2 ops each", fixed(W, W, R, ops=2), quick=False),
@@ -156,6 +173,7 @@ class Mutant(NamedTuple):
     what: str
     quick: bool = True
     caught: bool = True          # False: no checked property depends on it
+    pan_args: Tuple[str, ...] = ()
 
 
 MUTANTS: Dict[str, Mutant] = {
@@ -240,6 +258,21 @@ MUTANTS: Dict[str, Mutant] = {
     "RESUME_NO_WRITER_PROBE": Mutant(pair(P, W, victim=1),
                                      "resume opens the gate beside a granted writer that "
                                      "died, before its reclaim marks the data"),
+    "RECLAIM_ON_KEEPER_DEATH": Mutant(TWO_ZOMBIE,
+                                      "a slot is reclaimed once its keeper thread is dead, "
+                                      "while the rest of its process runs on: a new holder "
+                                      "beside the old one (the core before liveness.c)"),
+    "RELEASE_NO_OWNER_RECHECK": Mutant(TRUSTING,
+                                       "the exclusive release checks the owner once, before "
+                                       "its CAS loop: under a recovery that trusts the "
+                                       "keeper's death, a late release clears the next "
+                                       "claimant's claim", pan_args=("-E",)),
+    "RESUME_SUSPECT_APART": Mutant(sessions(S, S, P),
+                                   "resume reads the suspect mark apart from the state word "
+                                   "its CAS compares (the layout before 4): two sessions "
+                                   "wrap the 2-bit epoch back between its look and its CAS, "
+                                   "and it opens the gate on an expired session's data",
+                                   quick=False),
     "NO_REQUEUE": Mutant(fixed(W, W, R, ops=2),
                          "owed reader does not requeue behind a granted later claim: "
                          "the two-phase bound still holds (requeue shortens the common "
@@ -257,7 +290,8 @@ class Outcome(NamedTuple):
 
 
 def run_spin(defines: Tuple[str, ...], exhaustive: bool, timeout: float,
-             memory_mb: int = 12000, reduce: bool = True, optimize: str = "-O2") -> Outcome:
+             memory_mb: int = 12000, reduce: bool = True, optimize: str = "-O2",
+             pan_args: Tuple[str, ...] = ()) -> Outcome:
     """One verification run in a scratch directory.  reduce=False turns off
     SPIN's partial-order reduction; optimize "-O0" compiles in a quarter of
     the time and runs at half the speed (for small searches)."""
@@ -274,10 +308,10 @@ def run_spin(defines: Tuple[str, ...], exhaustive: bool, timeout: float,
         cflags += [] if reduce else ["-DNOREDUCE"]
         cflags += ["-DCOLLAPSE"] if exhaustive else ["-DBITSTATE"]
         subprocess.run(["gcc", *cflags, "-o", "pan", "pan.c"], cwd=work, check=True,
-                       capture_output=True, text=True, timeout=120, env=env)
+                       capture_output=True, text=True, timeout=900, env=env)
         # bitstate: the largest power-of-two bit array in 3/4 of the memory
         bits = max(27, min(40, int(math.log2(memory_mb * 0.75 * 8 * 2 ** 20))))
-        args = ["./pan", "-m4000000"] + ([] if exhaustive else [f"-w{bits}"])
+        args = ["./pan", "-m4000000", *pan_args] + ([] if exhaustive else [f"-w{bits}"])
         t0 = time.monotonic()
         p = subprocess.Popen(args, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env=env)
@@ -366,9 +400,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                and args.only in n]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         runs = [pool.submit(run_spin, c.defines, c.exhaustive, args.timeout, memory,
-                            reduce=c.reduce, optimize=opt) for c in configs]
+                            reduce=c.reduce, optimize=opt, pan_args=c.pan_args)
+                for c in configs]
         mruns = [pool.submit(run_spin, m.defines + (f"MUTANT_{n}",), True, args.timeout,
-                             memory, optimize=opt) for n, m in mutants]
+                             memory, optimize=opt, pan_args=m.pan_args) for n, m in mutants]
         if configs:
             print("protocol (every property must hold):")
         for cfg, fut in zip(configs, runs):

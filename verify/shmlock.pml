@@ -17,6 +17,12 @@
  * protocol under the seq_cst operations the C code uses for every handshake;
  * it says nothing about weaker orderings (see docs/DESIGN.md).
  *
+ * With -DZOMBIE a process dies thread by thread: its keeper's death (the
+ * robust mutex marked OWNER_DIED, one waiter woken) may come first, and the
+ * process runs on, holds and all, until it is gone; a prober reclaims a
+ * slot only once its process is gone (liveness.c), and meanwhile sees it
+ * "exiting".  Without ZOMBIE the keeper and the process die in one step.
+ *
  * With -DSESSIONS, a process may run an update session (KIND_SESSION:
  * begin, one update call, end, then resume, as an SGLang trainer drives
  * begin_weight_update / update / end / continue), and an expirer may end a
@@ -37,8 +43,8 @@
 #endif
 
 /* The state word, bit for bit as in csrc/core/internal.h, with an EPOCH_BITS-bit epoch
- * (C: 14 bits since layout 3).  EPOCH_BITS=1 lets a few claims wrap the epoch around
- * while one reader waits, which 14 bits do after 16,384 claims. */
+ * (C: 13 bits since layout 4).  EPOCH_BITS=1 lets a few claims wrap the epoch around
+ * while one reader waits, which 13 bits do after 8,192 claims. */
 #ifndef EPOCH_BITS
 #define EPOCH_BITS 2
 #endif
@@ -49,11 +55,22 @@
 #define SLEEPERS   32
 #define DRAINERS   64
 #define PINNED     128      /* an update session pins the pause */
-#define EPOCH_ONE  256
+#define SUSPECT    256      /* the protected data is suspect (the mark) */
+#define EPOCH_ONE  512
 #define EPOCH_MASK (((1 << EPOCH_BITS) - 1) * EPOCH_ONE)
 #define EPOCH(s)   (((s) & EPOCH_MASK) / EPOCH_ONE)
 #define OWNER(s)   ((s) & OWNER_MASK)
 #define CLAIM_BITS (OWNER_MASK | UPDATE | GRANTED)
+
+/* The safety properties checked at each step.  -DRELEASE_PROPERTY_ONLY
+ * (with a recovery that trusts the keeper's death, which breaks them)
+ * checks only that a release never clears a claim it does not own: what
+ * the release's re-check of the owner guarantees on its own. */
+#ifndef RELEASE_PROPERTY_ONLY
+#define PROPERTY(x) assert(x)
+#else
+#define PROPERTY(x) skip
+#endif
 
 /* Read admission's gate (try_read): open if not paused and nobody claims. */
 #ifndef MUTANT_READ_IGNORES_PAUSE
@@ -119,13 +136,19 @@ byte hwm;
 bool asleep[NW];
 bool on_drain[NW];          /* asleep on drain_seq (else on the state word) */
 byte watching[NW];          /* bit q: asleep also on slot q's robust mutex word */
+byte polling[NW];           /* bit q: asleep, polling slot q's exiting process */
 bool death_woken[NW];
 bool finished[NP];
 chan sigkill = [0] of { byte };   /* the reaper's SIGKILL, a rendezvous */
 
-/* Liveness as the robust mutexes report it. */
+/* Liveness.  alive: the process can still run (no SIGKILL yet, or with
+ * ZOMBIE, its other threads run on after its keeper died).  owner_died: no
+ * keeper holds its mutex any more (OWNER_DIED, or given back free by a
+ * prober that found the process exiting) and the slot is not reclaimed
+ * yet: a prober that takes the mutex reclaims it once !alive (PROBE_GONE). */
 bool alive[NP];
-bool owner_died[NP];        /* mutex is OWNER_DIED: a prober will get EOWNERDEAD */
+bool owner_died[NP];
+bool keeper_dead[NP];       /* its keeper thread exited (for good) */
 /* -DCLOSE: the reaper's victim does not die but closes the lock (another
  * thread of it calls shl_close): its slot is freed (pid 0, mutex unlocked,
  * no OWNER_DIED) and the process stops using the lock.  shl_close succeeds
@@ -158,12 +181,13 @@ bool g_pause_seen[NP];      /* a pause happened while this reader waited */
 bool g_pausing[NW];         /* paused and not yet resumed (NW: the operator too) */
 bool g_stuck_pause;         /* a pause nobody will resume: its process died between
                                pause and resume, or its resume was refused */
-/* The header's data-suspect mark (flags & FLAG_DATA_SUSPECT): set when a
- * granted exclusive hold is reclaimed from a dead process and when a
- * session expires; cleared by a completed exclusive release and by a
- * forced resume.  Resume refuses while it is set. */
-bool suspect;
-byte marks;                 /* the flags word's count of marks made */
+/* The data-suspect mark is the state word's SUSPECT bit: set by the CAS
+ * that ends what was lost (the reclaim of a granted exclusive hold, an
+ * expired session's unpin), after the count of marks is raised; cleared by
+ * the CAS that ends what rewrote the data (a completed exclusive release
+ * or session, if no mark was counted since it began; a forced resume).
+ * Resume refuses while it is set. */
+byte marks;                 /* the header's count of marks made */
 byte sess_marks;            /* the header's session_marks: the count at its begin */
 byte g_sess_half;           /* ghost: g_half_seq when the session began */
 /* Update sessions: the header's session token, the count that makes
@@ -193,12 +217,12 @@ inline bump_drain_seq() {
 
 inline wake_state() {
     /* FUTEX_WAKE(INT_MAX) on the state word; callers make it a step */
-    for (i : 0 .. NW - 1) { if :: asleep[i] && !on_drain[i] -> asleep[i] = 0; watching[i] = 0 :: else fi }
+    for (i : 0 .. NW - 1) { if :: asleep[i] && !on_drain[i] -> asleep[i] = 0; watching[i] = 0; polling[i] = 0 :: else fi }
     i = 0
 }
 
 inline wake_drain() {
-    for (i : 0 .. NW - 1) { if :: asleep[i] && on_drain[i] -> asleep[i] = 0; on_drain[i] = 0; watching[i] = 0 :: else fi }
+    for (i : 0 .. NW - 1) { if :: asleep[i] && on_drain[i] -> asleep[i] = 0; on_drain[i] = 0; watching[i] = 0; polling[i] = 0 :: else fi }
     i = 0
 }
 
@@ -223,16 +247,49 @@ inline wake_drainers() {
 /* The end of an update session: whoever takes the ending (a CAS of the
  * token word to ENDING_BY(k) or EXPIRING_BY(k), k a slot or the expirer
  * NP) clears PINNED, and only it.  A token word at ENDING_BY/EXPIRING_BY
- * names no session: the next pin overwrites it. */
+ * names no session: the next pin overwrites it.
+ * The CAS that clears PINNED also leaves the mark: UNPIN_MARK sets it (an
+ * expiry, counted before), UNPIN_UNMARK clears it if no mark was counted
+ * since the session began (a normal end), UNPIN_KEEP leaves it.  As in C
+ * it is a loop: load the word, [model:SESSION_UNMARK] load the count, CAS
+ * from the word loaded. */
 #define ENDING_BY(k) (32 + (k))
 #define EXPIRING_BY(k) (64 + (k))
 #define IS_SESSION_TOKEN(t) ((t) > 0 && (t) < 32)
-inline unpin() {
-    atomic {   /* [model:SESSION_UNPIN] */
-        assert((st & PINNED) && g_session != 0);   /* only the owner of an ending unpins */
-        cleared = (st & SLEEPERS) != 0;
-        st = st & ~(PINNED | SLEEPERS); g_session = 0
-    }
+#define UNPIN_MARK   1
+#define UNPIN_KEEP   2
+#define UNPIN_UNMARK 3
+inline unpin(how) {
+    do
+    :: atomic { us = st };
+       if
+#ifndef MUTANT_END_CLEARS_ALWAYS
+       :: how == UNPIN_UNMARK -> atomic { um = (marks == sess_marks) }
+#else
+       :: how == UNPIN_UNMARK -> um = 1           /* the bug: marks since its begin too */
+#endif
+       :: else -> um = 0
+       fi;
+       atomic {   /* [model:SESSION_UNPIN] */
+           if
+           :: st == us ->
+               assert((st & PINNED) && g_session != 0);   /* only the owner of an ending unpins */
+               cleared = (st & SLEEPERS) != 0;
+               st = st & ~(PINNED | SLEEPERS); g_session = 0;
+               if :: how == UNPIN_MARK -> st = st | SUSPECT
+                  :: how == UNPIN_UNMARK && um -> st = st & ~SUSPECT
+                  :: else fi;
+               /* ghost: a session that completed with no half-write since
+                * it began rewrote the data */
+               if :: how == UNPIN_UNMARK && g_half_seq == g_sess_half -> g_half = 0; g_half_w = 0
+                  :: else fi;
+               us = -1
+           :: else
+           fi
+       }
+       if :: us == -1 -> break :: else fi
+    od;
+    us = 0; um = 0;
 #ifndef MUTANT_SESSION_END_NO_WAKE
     if :: cleared -> atomic { wake_state() } :: else fi;
 #endif
@@ -249,41 +306,52 @@ inline phase_ended() {
     i = 0
 }
 
-/* [model:PROBE] trylock slot p: EOWNERDEAD makes us its reclaimer. */
+/* [model:PROBE] trylock slot p: EOWNERDEAD makes us its only prober;
+ * [model:PROBE_GONE] then its whole process must be gone before anything
+ * is reclaimed (a process whose keeper died runs on: "exiting", the mutex
+ * is given back and nothing changes).  The mutant trusts the keeper's
+ * death alone, as the core did before liveness.c. */
+#if !defined(MUTANT_RECLAIM_ON_KEEPER_DEATH) && !defined(TRUST_KEEPER_DEATH)
+#define PROCESS_GONE(p) (!alive[p])
+#else
+#define PROCESS_GONE(p) 1
+#endif
 inline probe(p) {
     atomic {
         if
-        :: (owner_died[p] || FREED_DIRTY(p)) && !reclaiming[p] -> reclaiming[p] = 1; got = 1
+        :: (owner_died[p] || FREED_DIRTY(p)) && !reclaiming[p] && PROCESS_GONE(p) ->
+            reclaiming[p] = 1; got = 1
         :: else -> got = 0
         fi
     }
     if
     :: got ->
-        /* [model:RECOVER_READS] */
-        atomic { readers[p] = 0; if :: g_hold[p] == KIND_READ -> g_hold[p] = KIND_NONE :: else fi }
+        /* [model:RECOVER_READS] (the ghost hold ends only with the process:
+         * a reclaim beside a live one leaves it, so the checks see it) */
+        atomic { readers[p] = 0; if :: g_hold[p] == KIND_READ && !alive[p] -> g_hold[p] = KIND_NONE :: else fi }
         /* [model:RECOVER_OWED] */
         atomic { rwait[2 * p] = 0; rwait[2 * p + 1] = 0 }
-#ifndef MUTANT_RECOVER_MARK_LATE
-        /* [model:RECOVER_MARK] a granted hold's data is suspect, marked
-         * before the claim is cleared */
+        /* [model:RECOVER_MARK] a granted hold's loss is counted, then marked
+         * by the CAS that clears the claim (held, not only claimed: C's
+         * exclusive_pid names the holder; a claim still draining wrote
+         * nothing) */
         atomic {
-            /* held, not only claimed (C: exclusive_pid names the holder; a
-             * claim still draining wrote nothing) */
             if :: OWNER(st) == p + 1 && (st & GRANTED) &&
-                  (g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE) -> suspect = 1; marks++
+                  (g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE) -> marks++; got = 2
                :: else fi
         }
-#else
-        atomic { got = (OWNER(st) == p + 1 && (st & GRANTED) &&
-                        (g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE)) };
-#endif
         /* [model:RECOVER_CLAIM] */
         atomic {
             if
             :: OWNER(st) == p + 1 ->
 #ifndef MUTANT_RECOVERY_KEEPS_CLAIM
                 st = st & ~(CLAIM_BITS | SLEEPERS); g_claim_admits[p] = 0;
-                if :: g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE -> g_hold[p] = KIND_NONE; phase_ended() :: else fi
+#ifndef MUTANT_RECOVER_MARK_LATE
+                if :: got == 2 -> st = st | SUSPECT :: else fi;
+#endif
+                if :: (g_hold[p] == KIND_WRITE || g_hold[p] == KIND_UPDATE) && !alive[p] ->
+                      g_hold[p] = KIND_NONE; phase_ended()
+                   :: else fi
 #else
                 skip
 #endif
@@ -292,18 +360,20 @@ inline probe(p) {
         }
 #ifdef MUTANT_RECOVER_MARK_LATE
         /* the bug: the mark after the claim is gone */
-        atomic { if :: got -> suspect = 1; marks++ :: else fi };
+        atomic { if :: got == 2 -> st = st | SUSPECT :: else fi };
 #endif
+        got = 1;
 #if defined(SESSIONS) && !defined(MUTANT_RECOVERY_KEEPS_ENDING)
         /* [model:RECOVER_SESSION] an end the dead process took on and did
-         * not finish: take the token word back, then finish the unpin */
+         * not finish: take the token word back, then finish the unpin
+         * (the mark as it was: its end did not get to clear it) */
         atomic {
             if
             :: sess_token == ENDING_BY(p) -> sess_token = 0; got = (st & PINNED) != 0
             :: else -> got = 0
             fi
         }
-        if :: got -> unpin() :: else fi;
+        if :: got -> unpin(UNPIN_KEEP) :: else fi;
         got = 1;
 #endif
         /* [model:RECOVER_WAKE] wake everyone on both words, bits or not */
@@ -321,7 +391,7 @@ inline probe(p) {
 
 inline probe_watched() {
     for (k : 0 .. NP - 1) {
-        if :: (watched & (1 << k)) -> probe(k) :: else fi
+        if :: ((watched | polled) & (1 << k)) -> probe(k) :: else fi
     }
     k = 0
 }
@@ -345,13 +415,21 @@ inline probe_watched() {
  * it searched exactly the same states, and was deleted.) */
 #define WATCHES(k) (!freed[k] || UNCLEAN(k) || OWNER(st) == (k) + 1)
 #endif
+/* A watched slot whose keeper is gone: `gone` (probe it now) if its
+ * process is gone too or the slot was freed; otherwise it is exiting: not
+ * slept on (its mutex word rings no more) but polled (`polled`): the
+ * sleeper wakes once that process is gone (C: the exiting poll). */
 inline watch_all_others() {
     d_step {   /* a read-only scan; the set is an over-approximation anyway */
-        watched = 0; gone = 0;
+        watched = 0; gone = 0; polled = 0;
         for (k : 0 .. NP - 1) {
             if
-            :: k != me && WATCHES(k) && (k < hwm || OWNER(st) == k + 1) -> watched = watched | (1 << k);
-                          if :: owner_died[k] || freed[k] -> gone = 1 :: else fi
+            :: k != me && WATCHES(k) && (k < hwm || OWNER(st) == k + 1) ->
+                if
+                :: owner_died[k] && alive[k] -> polled = polled | (1 << k)
+                :: else -> watched = watched | (1 << k);
+                           if :: owner_died[k] || freed[k] -> gone = 1 :: else fi
+                fi
             :: else
             fi
         }
@@ -363,7 +441,7 @@ inline watch_all_others() {
  * loads the word afresh.  Resetting them keeps dead values from
  * multiplying the states SPIN must store. */
 inline wait_done(value) {
-    d_step { armed = 0; watched = 0; gone = 0; changed = 0; value = 0 }
+    d_step { armed = 0; watched = 0; polled = 0; gone = 0; changed = 0; value = 0 }
 }
 
 /* futex_waitv compares every word of its vector, the watched mutex words
@@ -372,7 +450,9 @@ inline wait_done(value) {
 inline watched_died() {
     gone = 0;
     for (k : 0 .. NP - 1) {
-        if :: (watched & (1 << k)) && (owner_died[k] || freed[k]) -> gone = 1 :: else fi
+        if :: (watched & (1 << k)) && (owner_died[k] || freed[k]) -> gone = 1
+           :: (polled & (1 << k)) && !alive[k] -> gone = 1
+           :: else fi
     }
     k = 0
 }
@@ -404,7 +484,8 @@ inline wait_state(expect) {
         atomic {
             watched_died();
             if
-            :: !gone && st == armed -> asleep[me] = 1; on_drain[me] = 0; watching[me] = watched
+            :: !gone && st == armed -> asleep[me] = 1; on_drain[me] = 0; watching[me] = watched;
+                                       polling[me] = polled
             :: else -> changed = 1
             fi;
             armed = 0
@@ -440,7 +521,8 @@ inline wait_drain() {
         atomic {   /* [model:FUTEX_WAIT] */
             watched_died();
             if
-            :: !gone && seq_same[me] -> asleep[me] = 1; on_drain[me] = 1; watching[me] = watched
+            :: !gone && seq_same[me] -> asleep[me] = 1; on_drain[me] = 1; watching[me] = watched;
+                                        polling[me] = polled
             :: else -> changed = 1
             fi;
             seq_same[me] = 0    /* compared: dead from here */
@@ -456,7 +538,12 @@ inline wait_drain() {
  * sleep ends within 100 ms, and the retry watches afresh) covers it.  The
  * net is modelled for this case only: elsewhere a wake-up the design owes
  * must come from its waker, or the search reports it lost. */
-#define DIED_UNWATCHED(k) (NP > (k) && owner_died[k] && !(watching[me] & (1 << (k))))
+#define DIED_UNWATCHED(k) (NP > (k) && owner_died[k] && !alive[k] && \
+                           !(watching[me] & (1 << (k))) && !(polling[me] & (1 << (k))))
+/* [model:PROBE_EXITING] an exiting process this sleeper polls is gone: the
+ * poll's next probe reclaims it (C: the exiting poll, EXITING_POLL_NS). */
+#define POLLED_GONE(k) (NP > (k) && (polling[me] & (1 << (k))) && !alive[k])
+#define EXITING_GONE (POLLED_GONE(0) || POLLED_GONE(1) || POLLED_GONE(2) || POLLED_GONE(3))
 #define UNWATCHED_DEATH (DIED_UNWATCHED(0) || DIED_UNWATCHED(1) || DIED_UNWATCHED(2) || \
                          DIED_UNWATCHED(3))
 
@@ -464,13 +551,16 @@ inline sleep_until_woken() {
     if
     :: !asleep[me]   /* every waker also clears on_drain and watching */
 #ifdef TIMEOUTS
-    :: atomic { asleep[me] -> asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; timed_out = 1 }
+    :: atomic { asleep[me] -> asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; polling[me] = 0; timed_out = 1 }
 #endif
 #ifndef MUTANT_NO_SAFETY_NET
     /* [model:SAFETY_NET] */
     :: atomic { asleep[me] && UNWATCHED_DEATH ->
-                asleep[me] = 0; on_drain[me] = 0; watching[me] = 0 }
+                asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; polling[me] = 0 }
 #endif
+    :: atomic { asleep[me] && EXITING_GONE ->
+                asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; polling[me] = 0;
+                death_woken[me] = 1 }
     fi;
     if
     :: death_woken[me] -> death_woken[me] = 0; probe_watched()
@@ -514,14 +604,14 @@ inline acquire_read() {
                ((registered & (1 << ((EPOCH(s) + 1) % 2))) || EPOCH(s) != my_epoch)) ->
 #endif
                admitted = 1;
-               assert(!(st & PAUSED));                      /* no read while paused */
+               PROPERTY(!(st & PAUSED));                      /* no read while paused */
                for (i : 0 .. NP - 1) {                      /* no read beside an exclusive hold */
-                   assert(g_hold[i] != KIND_WRITE && g_hold[i] != KIND_UPDATE)
+                   PROPERTY(g_hold[i] != KIND_WRITE && g_hold[i] != KIND_UPDATE)
                }
                i = 0;
-               assert(g_pause_seen[me] || g_phases[me] <= 2);  /* phase-fair bound */
+               PROPERTY(g_pause_seen[me] || g_phases[me] <= 2);  /* phase-fair bound */
                if :: OWNER(s) > 0 -> g_claim_admits[OWNER(s) - 1]++;
-                                     assert(g_claim_admits[OWNER(s) - 1] < NP)
+                                     PROPERTY(g_claim_admits[OWNER(s) - 1] < NP)
                   :: else fi;
                g_hold[me] = KIND_READ; g_waiting_read[me] = 0
            :: else -> admitted = 0
@@ -586,8 +676,12 @@ inline acquire_read() {
 }
 
 inline release_read() {
-    /* [model:RELEASE_READ] */
-    atomic { readers[me]--; was_last = (readers[me] == 0); g_hold[me] = KIND_NONE }
+    /* [model:RELEASE_READ] (a count that is 0 already: SHL_ECORRUPT, nothing
+     * changed; only a reclaim beside a live process, which the protocol
+     * never makes, can do that) */
+    atomic { if :: readers[me] > 0 -> readers[me]--; was_last = (readers[me] == 0)
+                :: else -> was_last = 0 fi;
+             g_hold[me] = KIND_NONE }
     if :: was_last -> was_last = 0; wake_drainers() :: else fi
 }
 
@@ -604,7 +698,7 @@ inline acquire_excl(kind) {
             s = st; my_half = (g_session != 0 -> 255 : g_half_seq);
             if
             :: OWNER(s) == 0 ->
-                st = ((s & ~SLEEPERS) + EPOCH_ONE) & (EPOCH_MASK | PINNED | PAUSED | DRAINERS | UPDATE | GRANTED | OWNER_MASK);
+                st = ((s & ~SLEEPERS) + EPOCH_ONE) & (EPOCH_MASK | SUSPECT | PINNED | PAUSED | DRAINERS | UPDATE | GRANTED | OWNER_MASK);
                 st = (st & ~(UPDATE | GRANTED | OWNER_MASK)) | (me + 1);
                 if :: kind == KIND_UPDATE -> st = st | UPDATE;
                       if :: (s & PAUSED) -> st = st | GRANTED :: else fi
@@ -629,7 +723,12 @@ inline acquire_excl(kind) {
         seq_same[me] = 1;
         /* [model:DRAIN_ARM] */
         atomic { st = st | DRAINERS; s = st };
+#ifndef RELEASE_PROPERTY_ONLY
         assert(OWNER(s) == me + 1);          /* nobody clears a live claim */
+#else
+        /* C: SHL_ECORRUPT, the attempt ends (withdrawn, as on a timeout) */
+        if :: OWNER(s) != me + 1 -> timed_out = 1; goto excl_cancel :: else fi;
+#endif
         if
         :: !(s & GRANTED) ->
             /* [model:SCAN_HWM] the scan's bound, loaded after the claim */
@@ -692,6 +791,7 @@ excl_wait:
         wait_drain();
         if
         :: timed_out ->   /* shl_cancel */
+excl_cancel:
             atomic {   /* [model:CANCEL_CLAIM] */
                 if
                 :: OWNER(st) == me + 1 -> cleared = (st & SLEEPERS) != 0;
@@ -714,9 +814,9 @@ excl_granted:
         atomic {   /* the hold begins: check mutual exclusion */
             for (i : 0 .. NP - 1) {
                 if
-                :: i != me -> assert(g_hold[i] != KIND_WRITE && g_hold[i] != KIND_UPDATE);
-                   if :: kind == KIND_WRITE -> assert(g_hold[i] != KIND_READ)
-                      :: else -> assert(g_hold[i] != KIND_READ || (st & PAUSED))
+                :: i != me -> PROPERTY(g_hold[i] != KIND_WRITE && g_hold[i] != KIND_UPDATE);
+                   if :: kind == KIND_WRITE -> PROPERTY(g_hold[i] != KIND_READ)
+                      :: else -> PROPERTY(g_hold[i] != KIND_READ || (st & PAUSED))
                    fi
                 :: else
                 fi
@@ -728,26 +828,50 @@ excl_granted:
     fi
 }
 
+/* do_release_exclusive's loop: load the word; [model:RELEASE_OWNER] it
+ * must name our granted claim (else SHL_ECORRUPT: nothing cleared), on
+ * every value the CAS compares against; [model:RELEASE_UNMARK] load the
+ * count of marks; [model:EXCL_RELEASE] CAS from the word loaded, clearing
+ * the claim, and the mark if no mark was counted since our claim (a
+ * completed exclusive section rewrote the data).  The mutant checks the
+ * owner once, before the loop, as the core did before. */
 inline release_excl() {
-    /* [model:EXCL_RELEASE] */
-    atomic {
-        assert(OWNER(st) == me + 1 && (st & GRANTED));
-        cleared = (st & SLEEPERS) != 0;
-        st = st & ~(CLAIM_BITS | SLEEPERS);
-        g_hold[me] = KIND_NONE; g_claim_admits[me] = 0;
-        /* a completed exclusive section rewrote the data, as far as the
-         * half-writes before its claim go (C: the mark is cleared just
-         * before this CAS, unless a mark was made since the claim) */
-#ifndef MUTANT_RELEASE_CLEARS_ALWAYS
-        if :: mymarks != 255 && marks == mymarks -> suspect = 0 :: else fi;  /* [model:RELEASE_UNMARK] */
-#else
-        suspect = 0;
+    atomic { s = st };
+    cas_ok = 0;
+    do
+    :: cas_ok -> break
+    :: !cas_ok ->
+#ifdef MUTANT_RELEASE_NO_OWNER_RECHECK
+        if :: !checked -> checked = 1;           /* the bug: the first value only */
 #endif
-        /* ghost: a whole update done outside any session, begun after the
-         * last half-write, rewrote the data */
-        if :: my_half == g_half_seq -> g_half = 0; g_half_w = 0 :: else fi;
-        phase_ended()
-    }
+        if :: !(OWNER(s) == me + 1 && (s & GRANTED)) -> g_hold[me] = KIND_NONE; break
+           :: else fi;
+#ifdef MUTANT_RELEASE_NO_OWNER_RECHECK
+           :: else fi;
+#endif
+#ifndef MUTANT_RELEASE_CLEARS_ALWAYS
+        atomic { mmatch = (mymarks != 255 && marks == mymarks) };
+#else
+        mmatch = 1;
+#endif
+        atomic {
+            if
+            :: st == s ->
+                assert(OWNER(st) == me + 1);      /* a release clears only its own claim */
+                cleared = (st & SLEEPERS) != 0;
+                st = st & ~(CLAIM_BITS | SLEEPERS);
+                if :: mmatch -> st = st & ~SUSPECT :: else fi;
+                g_hold[me] = KIND_NONE; g_claim_admits[me] = 0;
+                /* ghost: a whole update done outside any session, begun
+                 * after the last half-write, rewrote the data */
+                if :: my_half == g_half_seq -> g_half = 0; g_half_w = 0 :: else fi;
+                phase_ended();
+                cas_ok = 1
+            :: else -> s = st                      /* the failed CAS's reload */
+            fi
+        }
+    od;
+    s = 0; mmatch = 0; cas_ok = 0; checked = 0;
     if :: cleared -> atomic { wake_state() } :: else fi;
     cleared = 0
 }
@@ -783,12 +907,15 @@ inline resume(force) {
            :: else
            fi;
 #endif
-           if
-           :: force -> atomic { suspect = 0; g_half = 0; g_half_w = 0; w_at_look = 0 }   /* [model:RESUME_FORCE_UNMARK] */
-           :: else
-           fi;
+           /* [model:RESUME_SUSPECT] the mark is a bit of the word decided on
+            * (the mutant reads it apart from the word its CAS compares, as
+            * the core did while the mark lived in another word) */
 #ifndef MUTANT_RESUME_IGNORES_SUSPECT
-           atomic { cas_ok = suspect && !force };   /* [model:RESUME_SUSPECT] */
+#ifndef MUTANT_RESUME_SUSPECT_APART
+           cas_ok = (s & SUSPECT) && !force;
+#else
+           atomic { cas_ok = (st & SUSPECT) && !force };
+#endif
 #endif
            if
            /* refused: the pause is now the operator's (one step, so that no
@@ -798,12 +925,19 @@ inline resume(force) {
            fi;
            atomic {   /* [model:RESUME_CLEAR] the CAS from the word decided on */
                if
+#ifndef MUTANT_RESUME_SUSPECT_APART
                :: st == s ->
-                   for (i : 0 .. NP - 1) { assert(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
+#else
+               :: (st & ~SUSPECT) == (s & ~SUSPECT) ->   /* the mark is not in the word compared */
+#endif
+                   for (i : 0 .. NP - 1) { PROPERTY(g_hold[i] != KIND_UPDATE) }   /* never mid-update */
                    i = 0;
                    assert(g_session == 0);                /* never inside a session */
-                   assert(force || (!g_half && !w_at_look));   /* never on half-written data */
-                   st = s & ~(PAUSED | SLEEPERS);
+                   PROPERTY(force || (!g_half && !w_at_look));   /* never on half-written data */
+                   st = st & ~(PAUSED | SLEEPERS);
+                   /* [model:RESUME_FORCE_UNMARK] forced: the caller vouches for
+                    * the data, this CAS clears the mark (a later one stays) */
+                   if :: force -> st = st & ~SUSPECT; g_half = 0; g_half_w = 0 :: else fi;
                    cas_ok = 1; g_pausing[me] = 0
                :: else -> cas_ok = 0
                fi
@@ -857,15 +991,7 @@ inline session_end() {
     :: cas_ok ->
         assert(g_session == mytoken);               /* an end ends its own session only */
         cas_ok = 0;
-        atomic {   /* [model:SESSION_UNMARK] a completed session rewrote the data */
-#ifndef MUTANT_END_CLEARS_ALWAYS
-            if :: suspect && marks == sess_marks -> suspect = 0 :: else fi;
-#else
-            suspect = 0;                            /* the bug: marks since its begin too */
-#endif
-            if :: g_half_seq == g_sess_half -> g_half = 0; g_half_w = 0 :: else fi
-        }
-        unpin()
+        unpin(UNPIN_UNMARK)                         /* a completed session rewrote the data */
     :: else
     fi
 }
@@ -877,7 +1003,8 @@ inline session_end() {
     kind = 0; s = 0; owed = 0; nread = 0; armed = 0; my_epoch = 0; old_epoch = 0; mytoken = 0; \
     phase = 0; xkind = 0; again = 0; mymarks = 0; my_half = 0; w_at_look = 0; \
     claim_epoch = 0; watched = 0; got = 0; timed_out = 0; gone = 0; changed = 0; admitted = 0; \
-    was_last = 0; cas_ok = 0; i = 0; k = 0; lim = 0
+    was_last = 0; cas_ok = 0; i = 0; k = 0; lim = 0; polled = 0; mmatch = 0; checked = 0; \
+    us = 0; um = 0
 
 /* every local of a user process but `me`: once it is dead or done */
 #define FORGET_ALL n = 0; registered = 0; claimed = 0; granted_now = 0; cleared = 0; RESET_LOCALS
@@ -949,12 +1076,30 @@ inline user_ops() {
     finished[me] = 1
 }
 
-/* SIGKILL, as the victim's own last step: the kernel marks the dead
- * process's robust mutex OWNER_DIED and wakes exactly one of the processes
- * sleeping on that mutex word, any one of them. */
+/* The keeper's death: the kernel marks the process's robust mutex
+ * OWNER_DIED and wakes exactly one of the processes sleeping on that mutex
+ * word, any one of them.  (i, k: the caller's scratch.) */
+inline keeper_dies(v) {
+    keeper_dead[v] = 1; owner_died[v] = 1;
+    k = 0;                                  /* k: how many watch v */
+    for (i : 0 .. NW - 1) { if :: IS_WATCHER(i, v) -> k++ :: else fi }
+    i = 0;
+    do
+    :: i < NW && IS_WATCHER(i, v) ->
+        asleep[i] = 0; on_drain[i] = 0; watching[i] = 0; polling[i] = 0; death_woken[i] = 1; break
+    :: i < NW && IS_WATCHER(i, v) && k > 1 -> k--; i++   /* the kernel picked another */
+    :: i < NW && !IS_WATCHER(i, v) -> i++
+    :: i >= NW -> break
+    od;
+    i = 0; k = 0
+}
+
+/* SIGKILL, as the victim's own last step: the process is gone; unless its
+ * keeper died before (ZOMBIE), the keeper dies in the same step.  A waiter
+ * that polls an exiting process notices its end (EXITING_GONE). */
 inline die() {
 #ifndef CLOSE
-    alive[me] = 0; owner_died[me] = 1; deaths++; seq_same[me] = 0;
+    alive[me] = 0; deaths++; seq_same[me] = 0;
 #else
     alive[me] = 0; freed[me] = 1; deaths++; seq_same[me] = 0;
 #endif
@@ -963,17 +1108,21 @@ inline die() {
     if :: g_hold[me] == KIND_UPDATE -> g_half = 1; g_half_seq++
        :: g_hold[me] == KIND_WRITE -> g_half_w = 1; g_half_seq++
        :: else fi;
-    asleep[me] = 0; on_drain[me] = 0; watching[me] = 0;
+    asleep[me] = 0; on_drain[me] = 0; watching[me] = 0; polling[me] = 0;
+#ifndef CLOSE
+    if :: !keeper_dead[me] -> keeper_dies(me) :: else fi
+#else
     k = 0;                                  /* k: how many watch us */
     for (i : 0 .. NW - 1) { if :: IS_WATCHER(i, me) -> k++ :: else fi }
     i = 0;
     do
     :: i < NW && IS_WATCHER(i, me) ->
-        asleep[i] = 0; on_drain[i] = 0; watching[i] = 0; death_woken[i] = 1; break
+        asleep[i] = 0; on_drain[i] = 0; watching[i] = 0; polling[i] = 0; death_woken[i] = 1; break
     :: i < NW && IS_WATCHER(i, me) && k > 1 -> k--; i++   /* the kernel picked another */
     :: i < NW && !IS_WATCHER(i, me) -> i++
     :: i >= NW -> break
     od
+#endif
 }
 
 proctype user(byte me) {
@@ -984,7 +1133,9 @@ proctype user(byte me) {
     bool cleared, gone;
     byte my_epoch, old_epoch, claim_epoch, mytoken, phase, xkind, mymarks, my_half, writer;
     bool w_at_look;
-    bool again;
+    bool again, mmatch, checked;
+    byte polled, um;        /* exiting slots polled; unpin's count test */
+    int us;                 /* unpin's word */
 #if MAXDEATHS > 0
     /* A death may strike before any step.  The reaper's signal is a
      * rendezvous, so the kill and the death are one atomic step: no state
@@ -1004,10 +1155,11 @@ end_dead:
 /* Sends SIGKILL to one process that has not finished, at any moment, or
  * to none. */
 active proctype reaper() {
-    byte v;
+    byte v, i, k;
 end_reaper:
     if
     :: deaths < MAXDEATHS ->
+#ifndef ZOMBIE
         atomic {
 #ifdef VICTIM
             v = VICTIM;     /* only this process may die */
@@ -1023,6 +1175,29 @@ end_reaper:
             :: else     /* that one cannot die any more: no kill in this run */
             fi
         };
+#else
+        atomic {
+#ifdef VICTIM
+            v = VICTIM;
+#else
+            select (v : 0 .. NP - 1);
+#endif
+        };
+        if
+        /* its keeper first, the process running on (the rest of a group
+         * exit, or a keeper that exited alone); then the process, at any
+         * later step of it, or never (it finishes its work) */
+        :: atomic { alive[v] && !finished[v] && !keeper_dead[v] -> keeper_dies(v) };
+end_zombie:
+           if
+           :: atomic { alive[v] && !finished[v] -> sigkill!v }
+           :: skip
+           fi
+        /* or both at once */
+        :: atomic { alive[v] && !finished[v] -> sigkill!v }
+        :: skip
+        fi;
+#endif
         v = 0
     :: skip
     fi
@@ -1032,8 +1207,8 @@ end_reaper:
  * operator's decision, made with force (`pyshmlock resume --force`); it is
  * taken only when such a pause is left. */
 active proctype operator() {
-    int s;
-    byte i, k, got, watched, me, writer;
+    int s, us;
+    byte i, k, got, watched, polled, um, me, writer;
     bool w_at_look;
     bool changed, timed_out, cas_ok, cleared, gone;
     int armed;
@@ -1049,7 +1224,8 @@ end_operator:
  * by any attached process's watchdog or a waiter) may end the session that
  * pins the pause, once: take the ending, mark the data suspect, unpin. */
 active proctype expirer() {
-    byte i;
+    byte i, um;
+    int us;
     bool cleared;
     byte t;
     bool pinned_now, cas_ok;
@@ -1082,13 +1258,13 @@ end_expirer:
                    atomic { if :: sess_token == EXPIRING_BY(NP) -> sess_token = t :: else fi };
                    cas_ok = 0; t = 0
                :: else ->
-#ifndef MUTANT_EXPIRE_MARKS_LATE
-                   atomic { suspect = 1; marks++ };  /* [model:SESSION_MARK] */
-#endif
+                   atomic { marks++ };  /* [model:SESSION_MARK] counted, then marked by the unpin */
                    atomic { g_half = 1; g_half_seq++ };  /* the session did not complete */
-                   unpin();
-#ifdef MUTANT_EXPIRE_MARKS_LATE
-                   atomic { suspect = 1; marks++ };  /* the bug: marked after the unpin */
+#ifndef MUTANT_EXPIRE_MARKS_LATE
+                   unpin(UNPIN_MARK);
+#else
+                   unpin(UNPIN_KEEP);
+                   atomic { st = st | SUSPECT };     /* the bug: marked after the unpin */
 #endif
                    break                             /* one expiry per run */
                fi

@@ -7,25 +7,19 @@
  */
 #include "internal.h"
 
-/* May a resume open the gate now, apart from updates and sessions?  A
- * suspect lock stays shut unless forced; a lock under a host lease is the
- * cluster agent's to open (its agent resumes as manager).  flags is
- * loaded after the state word that showed no pin or update: the suspect
- * mark is set before the CAS that clears an update claim or a pin
- * (recover_slot, session_expire), so that CAS, which our seq_cst load
- * read from, carries the mark with it. */
-static int resume_allowed(shl_lock *h, const shl_waiter *w)
+/* May a resume open the gate now, from the state word s that showed no pin
+ * or update?  A suspect lock stays shut unless forced; a lock under a host
+ * lease is the cluster agent's to open (its agent resumes as manager).  The
+ * suspect mark is a bit of s itself: the CAS that opens the gate compares
+ * the whole word, so a mark made after this look (a reclaimed hold, an
+ * expired session: both set it with the CAS that ends them) makes that CAS
+ * fail, and the resume decides again. */
+static int resume_allowed(shl_lock *h, const shl_waiter *w, uint32_t s)
 {
     struct shl_header *hd = h->hdr;
-    if (w->flags & SHL_RESUME_FORCE) {
-        /* The caller vouches for the data as it is now: the marks made so
-         * far go, before the CAS that opens the gate, so a mark made after
-         * it (a writer that dies under the open gate) stays. */
-        unmark_suspect(h, FLAG_MARKS(atomic_load_explicit(&hd->flags, /* [model:RESUME_FORCE_UNMARK] */
-                                                          memory_order_relaxed)));
-        return SHL_OK;
-    }
-    if (atomic_load_explicit(&hd->flags, memory_order_relaxed) & FLAG_DATA_SUSPECT) /* [model:RESUME_SUSPECT] */
+    if (w->flags & SHL_RESUME_FORCE)
+        return SHL_OK;   /* the caller vouches for the data: the CAS clears the mark */
+    if (s & ST_SUSPECT)  /* [model:RESUME_SUSPECT] */
         return SHL_ESUSPECT;
     if (!(w->flags & SHL_RESUME_MANAGER) &&
         atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) != 0)
@@ -49,7 +43,7 @@ static int wait_for_pins(shl_lock *h, shl_waiter *w, uint32_t *sp)
     if (o == -2)
         return SHL_ECORRUPT;
     if (s & ST_UPDATE) {
-        if (o == h->self && excl_is_this_thread(h, w))
+        if (o == self_slot(h) && excl_is_this_thread(h, w))
             return SHL_EDEADLK;
         wait_on_state(w, s);
         return SHL_AGAIN;
@@ -57,7 +51,8 @@ static int wait_for_pins(shl_lock *h, shl_waiter *w, uint32_t *sp)
     /* A write hold does not pin the pause, but one whose holder died must
      * mark the data before the gate opens: probe it (a dead owner is
      * reclaimed, which marks and clears the claim), then decide again. */
-    if (o >= 0 && o != h->self && (s & ST_GRANTED) && !probe_slot(h, (uint32_t)o)) { /* [model:RESUME_PROBE_WRITER] */
+    if (o >= 0 && o != self_slot(h) && (s & ST_GRANTED) &&
+        probe_slot(h, (uint32_t)o) == PROBE_DEAD) { /* [model:RESUME_PROBE_WRITER] */
         *sp = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst);
         return wait_for_pins(h, w, sp);
     }
@@ -73,10 +68,14 @@ int try_resume(shl_lock *h, shl_waiter *w)
             return SHL_OK;
         int r = wait_for_pins(h, w, &s);
         if (r == SHL_OK)
-            r = resume_allowed(h, w);
+            r = resume_allowed(h, w, s);
         if (r != SHL_OK)
             return r;
         uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
+        /* Forced: the caller vouches for the data as it is now; a mark made
+         * after this CAS (a writer that dies under the open gate) stays. */
+        if (w->flags & SHL_RESUME_FORCE)
+            ns &= ~ST_SUSPECT;   /* [model:RESUME_FORCE_UNMARK] */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                   memory_order_seq_cst)) /* [model:RESUME_CLEAR] */
             break;
@@ -110,6 +109,7 @@ int try_wait_resumed(shl_lock *h, shl_waiter *w)
 int do_pause(shl_lock *h)
 {
     struct shl_header *hd = h->hdr;
+    /* relaxed: only the CAS's expected value (the CAS decides, seq_cst) */
     uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
     for (;;) {
         if (s & ST_PAUSED)
@@ -117,7 +117,7 @@ int do_pause(shl_lock *h)
         /* seq_cst: pairs with try_read's increment-then-load; a reader whose
          * load comes later in the total order sees PAUSED. */
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PAUSED,
-                                                  memory_order_seq_cst, memory_order_relaxed)) /* [model:PAUSE_SET] */
+                                                  memory_order_seq_cst, memory_order_seq_cst)) /* [model:PAUSE_SET] */
             break;
     }
     atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);

@@ -21,8 +21,11 @@
  */
 #include "internal.h"
 
+#include <fcntl.h>
+
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
 
@@ -34,6 +37,29 @@ static shl_lock g_open;               /* the open list's head (a ring) */
  * so each handle's generation advances HANDLE_CHUNK times slower. */
 static shl_lock *g_free, *g_free_tail;
 static uint32_t g_nopen;
+
+/*
+ * The liveness descriptors' mutex.  Held while a descriptor is opened and
+ * given to a handle (segment.c), while a handle is published, and while a
+ * closed or discarded handle's descriptor is closed; fork() takes it first
+ * (pthread_atfork, process.c).  So a forked child finds every handle either
+ * published (it reopens the descriptor, own_liveness_fd) or not, and then
+ * any descriptor the handle has is one a thread of the parent was opening
+ * or closing: the child closes it (that thread does not exist here, and the
+ * descriptor would keep the parent's liveness lock for as long as the child
+ * lives).  A leaf lock, held for a few system calls.
+ */
+static pthread_mutex_t g_lfd_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void lfd_lock(void)
+{
+    pthread_mutex_lock(&g_lfd_mu);
+}
+
+void lfd_unlock(void)
+{
+    pthread_mutex_unlock(&g_lfd_mu);
+}
 
 static void ring_init(void)
 {
@@ -95,6 +121,7 @@ static int grow(void)
     }
     for (uint32_t i = 0; i < HANDLE_CHUNK; i++) {
         c[i].index = g_nchunks * HANDLE_CHUNK + i;
+        c[i].lockfd = -1;   /* a forked child closes what an unpublished handle has */
         atomic_store_explicit(&c[i].inflight, H_CLOSED, memory_order_relaxed);
         free_push(&c[i]);
     }
@@ -118,9 +145,12 @@ shl_lock *handle_new(void)
         return NULL;
     /* A late caller may be reading h->inflight (it finds H_CLOSED): only the
      * fields before it are cleared here. */
+    lfd_lock();   /* lockfd is never 0 (stdin) where a fork can see it */
     memset(h, 0, offsetof(struct shl_lock, inflight));
+    h->lockfd = -1;
+    lfd_unlock();
     h->prev = h->next = NULL;
-    h->self = -1;
+    atomic_store_explicit(&h->self, -1, memory_order_relaxed);
     return h;
 }
 
@@ -132,8 +162,11 @@ shl_lock *handle_publish(shl_lock *h)
     if (gen == 0)
         gen = 1;          /* generation 0 names no handle */
     /* release: a call that resolves the token (acquire CAS) sees the
-     * fields written before; the mutex publishes it to the watchdog. */
+     * fields written before; the mutex publishes it to the watchdog.  Under
+     * the descriptors' mutex: a fork sees it published or not (above). */
+    lfd_lock();
     atomic_store_explicit(&h->inflight, (uint64_t)gen << 32, memory_order_release);
+    lfd_unlock();
     pthread_mutex_lock(&g_handles_mu);
     ring_insert(h);
     pthread_mutex_unlock(&g_handles_mu);
@@ -155,15 +188,26 @@ void handle_recycle(shl_lock *h)
     munmap(h->hdr, h->map_size);
     h->hdr = NULL;
     h->slots = NULL;
-    h->self = -1;
+    atomic_store_explicit(&h->self, -1, memory_order_relaxed);
+    lfd_lock();
+    if (h->lockfd >= 0)
+        close(h->lockfd);
+    h->lockfd = -1;
+    lfd_unlock();
     pthread_mutex_lock(&g_handles_mu);
     free_push(h);
     pthread_mutex_unlock(&g_handles_mu);
 }
 
-/* h came from handle_new and was never published. */
+/* h came from handle_new and was never published (its mapping is the
+ * caller's to undo). */
 void handle_discard(shl_lock *h)
 {
+    lfd_lock();
+    if (h->lockfd >= 0)
+        close(h->lockfd);
+    h->lockfd = -1;
+    lfd_unlock();
     pthread_mutex_lock(&g_handles_mu);
     free_push(h);
     pthread_mutex_unlock(&g_handles_mu);
@@ -189,15 +233,75 @@ int handles_sweep(handle_visit fn, void *arg, int *open)
 }
 
 /*
+ * A forked child's handle must not keep its parent's liveness descriptor:
+ * an OFD lock lives as long as any descriptor of its open file description,
+ * so the parent's death would go unnoticed while the child lives.  Give the
+ * handle a new open file description of the same segment in the same
+ * descriptor number (reopened through /proc/self/fd, which names the file
+ * even if the lock's name was removed since).  Without /proc the inherited
+ * descriptor is closed and the handle cannot attach in this child
+ * (reattach: SHL_ESYS, ENOENT).  Async-signal-safe calls only.
+ */
+static void own_liveness_fd(shl_lock *h)
+{
+    if (h->lockfd < 0)
+        return;
+    char path[40] = "/proc/self/fd/";
+    char digits[12];
+    int n = 0;
+    for (unsigned v = (unsigned)h->lockfd; n == 0 || v; v /= 10)
+        digits[n++] = (char)('0' + v % 10);
+    size_t at = strlen(path);
+    while (n)
+        path[at++] = digits[--n];
+    path[at] = 0;
+    int fresh = open(path, O_RDWR | O_CLOEXEC);
+    if (fresh < 0 || dup3(fresh, h->lockfd, O_CLOEXEC) < 0) {
+        close(h->lockfd);
+        h->lockfd = -1;
+    }
+    if (fresh >= 0)
+        close(fresh);
+}
+
+/* A handle whose liveness descriptor a forked child could not reopen at the
+ * fork (no descriptor free then, no /proc): open one by name, checked to be
+ * the same segment.  SHL_OK, or SHL_ESYS with errno (EMFILE; ESTALE or
+ * ENOENT once the name was removed or given to another segment). */
+int liveness_reopen(shl_lock *h)
+{
+    int e = 0;
+    lfd_lock();
+    if (h->lockfd < 0) {
+        int fd = shm_open(h->path, O_RDWR | O_CLOEXEC, 0);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) != 0 || (uint64_t)st.st_dev != h->dev ||
+                        (uint64_t)st.st_ino != h->ino)) {
+            close(fd);
+            fd = -1;
+            errno = ESTALE;
+        }
+        e = errno;
+        h->lockfd = fd;
+    }
+    int ok = h->lockfd >= 0;
+    lfd_unlock();
+    errno = e;
+    return ok ? SHL_OK : SHL_ESYS;
+}
+
+/*
  * In a forked child only the forking thread exists: the parent's threads
  * that were inside a call (their in-flight counts), deciding a close
  * (H_CLOSING), or using the lists are gone.  Counts and H_CLOSING are
- * dropped (closed stays closed) and the lists rebuilt from the table.
+ * dropped (closed stays closed), the lists rebuilt from the table, and each
+ * open handle gets a liveness descriptor of its own.
  */
 void handles_after_fork(void)
 {
     pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
     g_handles_mu = fresh;
+    g_lfd_mu = fresh;      /* held by the forking thread (the prepare handler) */
     g_open.next = g_open.prev = &g_open;
     g_free = g_free_tail = NULL;
     g_nopen = 0;
@@ -207,10 +311,16 @@ void handles_after_fork(void)
             uint64_t v = atomic_load_explicit(&c[i].inflight, memory_order_relaxed) &
                          ~(uint64_t)(H_COUNT | H_CLOSING);
             atomic_store_explicit(&c[i].inflight, v, memory_order_relaxed);
-            if (H_GEN(v) != 0 && !(v & H_CLOSED))
+            if (H_GEN(v) != 0 && !(v & H_CLOSED)) {
+                own_liveness_fd(&c[i]);
                 ring_insert(&c[i]);
-            else
+            } else {
+                /* Being opened or closed by a thread of the parent. */
+                if (c[i].lockfd >= 0)
+                    close(c[i].lockfd);
+                c[i].lockfd = -1;
                 free_push(&c[i]);
+            }
         }
     }
 }

@@ -56,8 +56,7 @@ static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot
     out->pause_count = atomic_load_explicit(&hd->pause_count, memory_order_relaxed);
     out->paused_by_pid = atomic_load_explicit(&hd->paused_by_pid, memory_order_relaxed);
     out->paused_at_ns = atomic_load_explicit(&hd->paused_at_ns, memory_order_relaxed);
-    out->data_suspect = (atomic_load_explicit(&hd->flags, memory_order_relaxed) &
-                         FLAG_DATA_SUSPECT) != 0;
+    out->data_suspect = (s & ST_SUSPECT) != 0;
     out->max_processes = max;
     out->recovery_count = atomic_load_explicit(&hd->recovery_count, memory_order_relaxed);
     out->creator_pid = hd->creator_pid;
@@ -79,6 +78,7 @@ static int take_snapshot(const struct shl_header *hd, uint32_t max, shl_snapshot
     out->lease_armed = lease != 0;
     out->lease_remaining_ns = lease ? sat_sub(lease, now) : 0;
     out->lease_pid = atomic_load_explicit(&hd->lease_pid, memory_order_relaxed);
+    out->crash_recovery = (core_platform() & SHL_PLATFORM_ROBUST) != 0;
     return SHL_OK;
 }
 
@@ -105,6 +105,7 @@ static void read_slot(const struct shl_slot *sl, shl_slot_snapshot *out)
 /* One entry of the recovery log. */
 static void read_recovery(const struct shl_recovery_entry *e, shl_recovery_record *out)
 {
+    /* relaxed: a log entry for display (record_recovery) */
     out->pid = __atomic_load_n(&e->pid, __ATOMIC_RELAXED);
     out->what = __atomic_load_n(&e->what, __ATOMIC_RELAXED);
     out->reads = __atomic_load_n(&e->reads, __ATOMIC_RELAXED);
@@ -124,7 +125,7 @@ static int do_info(shl_lock *h, shl_snapshot *out)
     int32_t o = out->exclusive_slot;
     snapshot_owner(h->hdr, o < 0 ? 0 : atomic_load_explicit(&h->slots[o].pid,
                                                             memory_order_relaxed), out);
-    out->self_slot = h->self;
+    out->self_slot = self_slot(h);
     return SHL_OK;
 }
 
@@ -146,8 +147,9 @@ static int do_slot_info(shl_lock *h, uint32_t index, shl_slot_snapshot *out)
         return SHL_OK;   /* free */
     int alive = probe_slot(h, index);   /* reclaims a dead owner's holds */
     read_slot(sl, out);
-    out->alive = alive;
-    out->is_self = (int32_t)index == h->self;
+    out->alive = alive != PROBE_DEAD;
+    out->exiting = alive == PROBE_EXITING;
+    out->is_self = (int32_t)index == self_slot(h);
     return SHL_OK;
 }
 
@@ -171,6 +173,7 @@ int shl_recovery_info(shl_lock *h, uint32_t index, shl_recovery_record *out)
 
 static int do_is_paused(shl_lock *h)
 {
+    /* acquire: a caller that sees the gate open sees what its resumer wrote */
     return (atomic_load_explicit(&h->hdr->state, memory_order_acquire) & ST_PAUSED) != 0;
 }
 
@@ -183,6 +186,7 @@ uint32_t shl_load_state(shl_lock *h)
 {
     if (enter(&h) != SHL_OK)
         return 0;
+    /* acquire, as do_is_paused */
     uint32_t v = atomic_load_explicit(&h->hdr->state, memory_order_acquire);
     leave(h);
     return v;
@@ -228,6 +232,7 @@ int shl_observe_open(const char *name, shl_observer **out)
     *out = NULL;
     if (shl_segment_path(name, 0, path, sizeof path) < 0)
         return SHL_EINVAL;
+    core_init();   /* the platform check */
     /* O_NONBLOCK: anyone can mkfifo a name in /dev/shm, and opening a FIFO
      * for reading would block until a writer comes.  (No effect on a
      * regular file; pread never blocks on one.) */
@@ -247,6 +252,7 @@ int shl_observe_open(const char *name, shl_observer **out)
         r = SHL_EFOREIGN;
     else
         r = observe_read(&probe, &hd, sizeof hd, 0);
+    /* relaxed: a copy's field (the fence below orders our later loads) */
     if (r == SHL_OK && atomic_load_explicit(&hd.ready, memory_order_relaxed) != SHL_READY) {
         r = (hd.magic != 0 && hd.magic != SHL_MAGIC) ? SHL_EFOREIGN : SHL_EINIT;
     } else if (r == SHL_OK) {
@@ -254,7 +260,8 @@ int shl_observe_open(const char *name, shl_observer **out)
          * release (init_segment).  A kernel copy gives no formal ordering,
          * so the second copy is what counts, and it is fully validated:
          * a stale or torn header is a clear error, never an unsafe access.
-         * The fence keeps our own loads of it after the check above. */
+         * The acquire fence keeps our own loads of it after the check
+         * above. */
         atomic_thread_fence(memory_order_acquire);
         r = observe_read(&probe, &hd, sizeof hd, 0);
         if (r == SHL_OK)
@@ -284,23 +291,30 @@ void shl_observe_close(shl_observer *o)
     free(o);
 }
 
-/* Is the owner of this slot alive, judged from the mutex bytes alone?  The
- * kernel's robust-futex ABI keeps the owner's TID in the futex word while it
- * lives and, when it dies, replaces it with FUTEX_OWNER_DIED (before the
- * process becomes a zombie).  A process probing the slot holds it for a few
- * instructions, which reads as alive: an observer may call a dead owner
- * alive for that instant, never a live one dead. */
-static int observed_alive(const struct shl_slot *sl)
+/* Is the owner of slot `index` alive (PROBE_ALIVE), exiting (its keeper is
+ * gone, the process still runs: PROBE_EXITING) or dead (PROBE_DEAD), judged
+ * without locking anything?  The kernel's robust-futex ABI keeps the
+ * keeper's TID in the mutex word while it lives, and replaces it with
+ * FUTEX_OWNER_DIED when the keeper thread exits; a prober that found the
+ * process still running leaves the mutex free.  Then the process's liveness
+ * lock and /proc tell (liveness.c: the same test attached probers make).  A
+ * process probing the slot holds its mutex for a few instructions, which
+ * reads as alive: an observer may call a dead owner alive for that instant,
+ * never a live one dead. */
+static int observed_alive(const shl_observer *o, const struct shl_slot *sl, uint32_t index)
 {
 #ifdef __GLIBC__
     pthread_mutex_t *m = (pthread_mutex_t *)&sl->owner;   /* only read below */
     if (!slot_mutex_sane(m))
-        return 1;   /* not one of our mutexes: never called dead */
+        return PROBE_ALIVE;   /* not one of our mutexes: never called dead */
+    /* acquire: of a copy, a formality (the copy's bytes are ours) */
     uint32_t w = __atomic_load_n(mutex_word(m), __ATOMIC_ACQUIRE);
-    return (w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED);
+    if ((w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED))
+        return PROBE_ALIVE;
+    return liveness_gone(o->fd, sl, index) ? PROBE_DEAD : PROBE_EXITING;
 #else
-    (void)sl;
-    return 1;
+    (void)o; (void)sl; (void)index;
+    return PROBE_ALIVE;
 #endif
 }
 
@@ -343,7 +357,9 @@ int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
         out->pidns = 0;
         return SHL_OK;   /* free */
     }
-    out->alive = observed_alive(&sl);
+    int alive = observed_alive(o, &sl, index);
+    out->alive = alive != PROBE_DEAD;
+    out->exiting = alive == PROBE_EXITING;
     return SHL_OK;
 }
 

@@ -20,8 +20,10 @@
  *   slots.c     the per-process slots: probing a slot's owner for death,
  *               reclaiming a dead process's holds; the glibc-private mutex
  *               fields, in one place.
+ *   liveness.c  whether a slot's whole process is gone (its liveness lock,
+ *               /proc): the keeper's death is only the doorbell.
  *   process.c   this process's side: the keeper threads that hold its slot
- *               mutexes, its list of handles, attaching, and fork().
+ *               mutexes, its liveness locks, attaching, and fork().
  *   stale.c     resetting a pause left by processes that are all gone.
  *   segment.c   opening, validating, closing and removing a segment: the
  *               boundary where shared memory is untrusted input.
@@ -60,7 +62,9 @@
  * each value read from it as untrusted (bounds-check indices and counts). */
 
 #define SHL_MAGIC   0x4C485350u          /* "PSHL" read as little-endian */
-#define SHL_LAYOUT  3u                   /* 2: slot.pidns; 3: sessions, PINNED, fences */
+#define SHL_LAYOUT  4u                   /* 2: slot.pidns; 3: sessions, PINNED, fences;
+                                            4: SUSPECT in the state word, slot.start_ticks
+                                            and timens, liveness locks */
 _Static_assert(SHL_LAYOUT == SHL_LAYOUT_VERSION, "shmlock.h names the layout");
 #define SHL_READY   0x59444552u          /* "REDY": creator finished init */
 
@@ -71,28 +75,32 @@ _Static_assert(SHL_LAYOUT == SHL_LAYOUT_VERSION, "shmlock.h names the layout");
 #define ST_SLEEPERS  0x00008000u
 #define ST_DRAINERS  0x00010000u
 #define ST_PINNED    0x00020000u
-#define ST_EPOCH_SHIFT 18
+#define ST_SUSPECT   0x00040000u
+#define ST_EPOCH_SHIFT 19
 #define ST_EPOCH_ONE (1u << ST_EPOCH_SHIFT)
 #define ST_EPOCH(s)  ((s) >> ST_EPOCH_SHIFT)
 #define ST_CLAIM_BITS (ST_OWNER | ST_UPDATE | ST_GRANTED)
 _Static_assert(SHL_STATE_OWNER_MASK == ST_OWNER && SHL_STATE_PAUSED == ST_PAUSED &&
-               SHL_STATE_PINNED == ST_PINNED,
+               SHL_STATE_PINNED == ST_PINNED && SHL_STATE_SUSPECT == ST_SUSPECT,
                "shmlock.h's SHL_STATE_ bits must be the state word's ST_ bits");
 
-/* The flags word: the data-suspect mark, and a count of the marks made
- * (bits 8-31, wrapping).  What rewrote the data clears the mark: a
- * completed exclusive section outside any session, if no mark was made
- * since its claim, or a session ended normally, if no mark was made since
- * it began.  An update call inside a session clears nothing: the session,
- * not the call, is the unit of an update (its expiry may be marked while
- * the call runs). */
-#define FLAG_DATA_SUSPECT 1u
-#define FLAG_MARK_ONE     (1u << 8)
-#define FLAG_MARKS(f)     ((f) >> 8)
+/* The data-suspect mark is the state word's SUSPECT bit, so that a resume,
+ * which opens the gate with a CAS from the word it decided on, can never
+ * open it on a mark made after its look (the word differs).  The header's
+ * `marks` counts the marks made (wrapping); what rewrote the data clears
+ * the bit in the same CAS that ends it, if no mark was made since it began:
+ * a completed exclusive section outside any session, if the count is the
+ * one read before its claim, or a session ended normally, if the count is
+ * the one at its beginning.  An update call inside a session clears
+ * nothing: the session, not the call, is the unit of an update (its expiry
+ * may be marked while the call runs).  A mark is two steps, the count
+ * first (mark_counted), then the bit, set by the CAS that ends what was
+ * lost (a reclaimed hold's claim, an expired session's pin). */
 #define EXCL_IN_SESSION   0xFFFFFFFFu    /* excl_marks of a claim made under a pin */
-/* Clear the mark if the count is still `marks` (slots.c). */
+/* The bits a CAS that ends a section sets or clears: SUSPECT if a mark was
+ * made since `marks` was the count (slots.c). */
 #pragma GCC visibility push(hidden)
-void unmark_suspect(shl_lock *h, uint32_t marks);
+uint32_t suspect_after(shl_lock *h, uint32_t s, uint32_t marks);
 #pragma GCC visibility pop
 
 /* How long a waiter sleeps before it re-probes the processes it waits on,
@@ -124,45 +132,64 @@ struct shl_header {
     _Atomic uint32_t slots_hwm;
     _Alignas(64) _Atomic uint32_t state;       /* the gate; own cache line */
     _Alignas(64) _Atomic uint32_t drain_seq;   /* bumped when readers leave */
-    _Alignas(64) _Atomic uint32_t flags;
+    _Alignas(64) _Atomic uint32_t marks;       /* data-suspect marks made (wraps) */
+    /* Who paused, when, how often; the granted exclusive holder's pid; the
+     * recovery log's count.  For info(), the stale policy and the recovery
+     * log: relaxed, each read after the seq_cst load of the state word
+     * that the snapshot or the decision is made on (no decision of the
+     * protocol depends on them alone). */
     _Atomic uint32_t paused_by_pid;
-    _Atomic uint32_t pause_count;
-    _Atomic uint32_t exclusive_pid;
-    _Atomic uint64_t paused_at_ns;
-    _Atomic uint32_t recovery_count;
+    _Atomic uint32_t pause_count;       /* relaxed: see above */
+    _Atomic uint32_t exclusive_pid;     /* relaxed: see above */
+    _Atomic uint64_t paused_at_ns;      /* relaxed: see above */
+    _Atomic uint32_t recovery_count;    /* relaxed: see above */
     struct shl_recovery_entry recoveries[SHL_RECOVERY_LOG];
     /* Host lease (used by the cluster agent; kept at the end of the header).
      * While nonzero, a CLOCK_MONOTONIC deadline that the agent renews.  Once
      * it has passed, the lease watchdog of every attached process pauses the
      * gate (fail closed) with the existing pause step.  0: no lease. */
     _Alignas(64) _Atomic int64_t lease_deadline_ns;
-    _Atomic uint32_t lease_pid;         /* who armed it (observability) */
-    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed */
+    _Atomic uint32_t lease_pid;         /* who armed it (observability: relaxed) */
+    _Atomic uint32_t lease_expiries;    /* pauses made because it had passed (relaxed) */
     /* Update session (layout 3; protocol.c "Update sessions").  The state
      * word's PINNED bit says whether a session exists; these say which one
      * (the token) and until when.  Written by the pinner, under its update
      * hold, before it sets PINNED. */
     _Alignas(64) _Atomic uint64_t session_token;
-    _Atomic int64_t session_deadline_ns;   /* CLOCK_MONOTONIC */
-    _Atomic uint64_t session_began_ns;     /* CLOCK_REALTIME */
-    _Atomic uint32_t session_pid;          /* who began it (observability) */
-    _Atomic uint32_t session_count;        /* sessions begun: part of each token */
-    _Atomic uint32_t session_expiries;
-    _Atomic uint32_t session_marks;        /* the flags' mark count when it began */
+    /* The session's fields, written before its token (a release store) and
+     * read after the token (acquire): relaxed. */
+    _Atomic int64_t session_deadline_ns;   /* CLOCK_MONOTONIC; relaxed: see above */
+    _Atomic uint64_t session_began_ns;     /* CLOCK_REALTIME; relaxed: see above */
+    _Atomic uint32_t session_pid;          /* who began it (observability); relaxed */
+    _Atomic uint32_t session_count;        /* sessions begun, part of each token; relaxed:
+                                              only its uniqueness matters (an RMW) */
+    _Atomic uint32_t session_expiries;     /* observability; relaxed */
+    _Atomic uint32_t session_marks;        /* the mark count when it began; relaxed: see above */
     /* Fencing at the host (cluster): the highest fleet update token seen
      * (only rises) and the token of the last completed fenced update. */
-    _Atomic uint64_t fence;
-    _Atomic uint64_t applied;
+    _Atomic uint64_t fence;     /* relaxed: compared by fenced updates under the update hold */
+    _Atomic uint64_t applied;   /* relaxed: written under the update hold, read for display */
 };
 
 struct shl_slot {
     pthread_mutex_t owner;          /* robust + pshared, held by the owner's keeper */
+    /* The owner's pid (display, and with start_ticks its /proc identity):
+     * relaxed, written by the owner while its keeper holds the slot's
+     * mutex, read by whoever holds it next (the mutex orders them) or for
+     * display. */
     _Atomic uint32_t pid;
     _Atomic uint32_t readers;       /* read holds + transient admission attempts */
     _Atomic uint32_t rwait[2];      /* owed readers, by parity of the epoch queued behind */
-    _Atomic uint32_t waiting;       /* threads asleep in shl_wait (observability) */
-    _Atomic uint64_t attached_at_ns;
-    _Atomic uint64_t pidns;         /* owner's PID namespace (display only, like pid) */
+    _Atomic uint32_t waiting;       /* threads asleep in shl_wait (observability: relaxed) */
+    _Atomic uint64_t attached_at_ns;  /* observability: relaxed */
+    /* Who the owner is, for liveness.c's /proc look (and for display): the
+     * inodes of its PID and time namespaces and its start time (clock ticks
+     * after boot, /proc/<pid>/stat field 22; 0 unknown).  Written by the
+     * owner while it holds the slot's mutex, before anyone may probe it:
+     * relaxed, like pid. */
+    _Atomic uint64_t pidns;         /* relaxed: see above */
+    _Atomic uint64_t timens;        /* relaxed: see above */
+    _Atomic uint64_t start_ticks;   /* relaxed: see above */
 } __attribute__((aligned(64)));
 
 struct shl_lock {
@@ -170,7 +197,19 @@ struct shl_lock {
     struct shl_slot *slots;
     size_t map_size;
     uint32_t max;                   /* validated private copy of max_processes */
-    int32_t self;                   /* our slot, -1 when not attached */
+    /* Our slot, -1 when not attached.  Atomic because the lease watchdog
+     * reads it while a re-attaching thread writes it (attached_slot); every
+     * access is relaxed: a thread that uses the slot took it itself or was
+     * handed the handle by the caller's own synchronisation (DESIGN.md §9,
+     * "Threads of one process"). */
+    _Atomic int32_t self;
+    /* A descriptor of the segment, never mapped: it carries this process's
+     * liveness lock on the byte of its slot (liveness.c), and asks about
+     * the others'.  -1 before open. */
+    int lockfd;
+    /* The segment's shm_open name, to open a liveness descriptor again in a
+     * forked child that could not reopen the inherited one (reattach). */
+    char path[SHL_PATH_MAX];
     /* g_fork_gen when self was taken.  Stored with release after self, loaded
      * with acquire before self is read: a thread of a forked child that sees
      * the new generation also sees the slot another thread just took. */
@@ -187,7 +226,9 @@ struct shl_lock {
     /* The handle's generation (high 32 bits: a token names exactly one),
      * H_CLOSED, H_CLOSING and the calls inside the core on it (low 30
      * bits).  See enter(): close() starts only by moving this word from
-     * (generation, 0) to (generation, H_CLOSING). */
+     * (generation, 0) to (generation, H_CLOSING).  Orders (enter()): its
+     * acquire CAS and leave()'s release order every call's accesses before
+     * close()'s acquire CAS; plain reads of it are relaxed (a CAS checks). */
     _Atomic uint64_t inflight;
     /* handles.c: where it sits in the table, and the open or free list it
      * is on (under g_handles_mu). */
@@ -285,7 +326,9 @@ static inline int32_t owner_index(const shl_lock *h, uint32_t s)
 _Static_assert(sizeof(void *) == 8, "tokens are 64-bit: index and generation");
 
 #pragma GCC visibility push(hidden)
-extern _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];
+extern _Atomic(shl_lock *) g_handle_chunks[HANDLE_CHUNKS];   /* release when a chunk is
+                                           published, acquire in handle_of (relaxed in a forked
+                                           child, which has one thread) */
 #pragma GCC visibility pop
 
 static inline uint32_t token_gen(const shl_lock *token)
@@ -386,23 +429,38 @@ void handle_discard(shl_lock *h);        /* never published: recycled */
 typedef int (*handle_visit)(shl_lock *h, void *arg);
 int handles_sweep(handle_visit fn, void *arg, int *open);   /* open handles, under the lock */
 void handles_after_fork(void);
+void lfd_lock(void);                     /* the liveness descriptors' mutex (handles.c) */
+void lfd_unlock(void);
+int liveness_reopen(shl_lock *h);        /* a liveness descriptor by name (a forked child) */
 
 /* process.c: this process's attachments and fork generation. */
-extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child */
-void core_init(void);                    /* once per process: the fork handler */
+extern _Atomic uint64_t g_fork_gen;      /* bumped in a forked child; relaxed: compared
+                                            with a handle's fork_gen, which carries the
+                                            order (release after self, acquire before) */
+void core_init(void);                    /* once per process: the fork handler, the platform */
+uint32_t core_platform(void);            /* SHL_PLATFORM_* (after core_init) */
 int reattach(shl_lock *h);               /* ensure_attached's slow path */
 enum { KEEP_TRYLOCK = 1, KEEP_UNLOCK = 2 };
 int keeper_call(int op, pthread_mutex_t *m);
 int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot);
 
 /* slots.c: liveness and recovery; the data-suspect mark. */
-void mark_suspect(shl_lock *h);
+void mark_counted(shl_lock *h);
 void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, uint32_t owed);
 int slot_is_clean(const struct shl_slot *sl);
 void init_slot_mutex(pthread_mutex_t *m);
 int slot_mutex_sane(const pthread_mutex_t *m);
-int probe_slot(shl_lock *h, uint32_t i);
+enum { PROBE_DEAD = 0, PROBE_ALIVE = 1, PROBE_EXITING = 2 };
+int probe_slot(shl_lock *h, uint32_t i);  /* PROBE_*: nonzero counts as alive */
 void recover_slot(shl_lock *h, uint32_t i);
+
+/* liveness.c: is a slot's whole process gone; this process's liveness lock. */
+int liveness_gone(int fd, const struct shl_slot *sl, uint32_t i);
+int liveness_take(int fd, uint32_t slot);
+void liveness_drop(int fd, uint32_t slot);
+uint64_t liveness_pidns(void);
+uint64_t liveness_timens(void);
+uint64_t liveness_start_ticks(void);
 #ifdef __GLIBC__
 /* The robust-futex word of a slot mutex (a glibc-private field; slots.c). */
 uint32_t *mutex_word(pthread_mutex_t *m);
@@ -448,6 +506,12 @@ void wd_after_fork(void);
 
 #pragma GCC visibility pop
 
+/* h->self, relaxed (see its declaration). */
+static inline int32_t self_slot(const shl_lock *h)
+{
+    return atomic_load_explicit(&h->self, memory_order_relaxed);
+}
+
 /* This process's current slot in h, or -1 (not attached, or the parent's
  * slot in a forked child that has not re-attached yet).  For code that
  * does not attach (the lease watchdog): fork generation first, then the
@@ -457,7 +521,7 @@ static inline int32_t attached_slot(shl_lock *h)
     if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
         atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return -1;
-    return __atomic_load_n(&h->self, __ATOMIC_RELAXED);
+    return self_slot(h);
 }
 
 /* Every entry point starts here.  After fork() the child holds nothing and
@@ -470,7 +534,7 @@ static inline int ensure_attached(shl_lock *h)
     if (__builtin_expect(h != NULL &&
                          atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                              atomic_load_explicit(&g_fork_gen, memory_order_relaxed)
-                         && h->self >= 0, 1))
+                         && self_slot(h) >= 0, 1))
         return SHL_OK;
     return reattach(h);
 }

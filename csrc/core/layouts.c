@@ -47,6 +47,7 @@ static int owner_alive(const pthread_mutex_t *m)
 #ifdef __GLIBC__
     if (!slot_mutex_sane(m))
         return 1;          /* not a mutex we know: never called dead */
+    /* relaxed: a copy's bytes */
     uint32_t w = __atomic_load_n(mutex_word((pthread_mutex_t *)m), __ATOMIC_RELAXED);
     return (w & FUTEX_TID_MASK) != 0 && !(w & FUTEX_OWNER_DIED);
 #else

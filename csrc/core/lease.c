@@ -39,14 +39,21 @@ static uint64_t g_wd_gen;               /* under g_wd_mu; bumped by wd_kick */
 int lease_check(shl_lock *h)
 {
     struct shl_header *hd = h->hdr;
-    /* relaxed: the deadline is a timer, not a synchronisation point; the
-     * pause itself is do_pause's seq_cst CAS.  Any value is harmless: the
-     * worst a corrupt deadline does is pause (or not pause) the gate, which
-     * every process that can write the segment may do anyway. */
+    /* The state word first, then the deadline.  The agent renews the
+     * deadline and then resumes the gate (do_lease_set: a seq_cst store,
+     * then resume's seq_cst CAS); an acquire load that sees the resumed
+     * (open) gate synchronises with that CAS, so the deadline loaded after
+     * it is the renewed one, never the passed one from before: no spurious
+     * pause right after a renewal.  (Loaded the other way round, the
+     * deadline could be the old one and the gate the new, open one.)  Any
+     * value is harmless otherwise: the worst a corrupt deadline does is
+     * pause (or not pause) the gate, which every process that can write the
+     * segment may do anyway. */
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_acquire);
     int64_t d = atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed);
     if (d == 0)
         return 0;
-    if (mono_ns() >= d && !(atomic_load_explicit(&hd->state, memory_order_relaxed) & ST_PAUSED)) {
+    if (!(s & ST_PAUSED) && mono_ns() >= d) {
         if (do_pause(h) == 1)
             atomic_fetch_add_explicit(&hd->lease_expiries, 1, memory_order_relaxed);
     }
@@ -80,6 +87,7 @@ static int lease_sweep(int *open)
 static void *watchdog_main(void *arg)
 {
     (void)arg;
+    pthread_setname_np(pthread_self(), "pyshmlock-lease");
     pthread_mutex_lock(&g_wd_mu);
     for (;;) {
         uint64_t gen = g_wd_gen;

@@ -1,22 +1,29 @@
 /*
  * process.c - this process's side of the core: the keeper threads that hold
- * its slot mutexes (so a slot looks dead exactly when the process is dead),
- * attaching a handle to a slot (and
- * raising the slots' high-water mark), and fork().
+ * its slot mutexes, attaching a handle to a slot (its liveness lock, the
+ * slots' high-water mark), the platform check, and fork().
  *
  * Crash safety starts here.  Every process keeps its slot's robust mutex
  * locked from a small "keeper" thread that lives as long as the process
  * (holding it from an application thread would make the slot look dead when
- * that thread exits).  The kernel marks a robust mutex OWNER_DIED when its
- * owner dies, before the process becomes a zombie, so a trylock returning
- * EOWNERDEAD is an exact death test that survives PID reuse (slots.c probes
- * and reclaims; wait.c sleeps on the mutex words of the processes waited
- * for, so a death wakes a waiter at once).
+ * that thread exits).  The kernel marks a robust mutex OWNER_DIED when the
+ * thread that holds it exits, and wakes one waiter of its word: the keeper's
+ * death rings the doorbell at once (wait.c sleeps on the mutex words of the
+ * processes waited for).  It is the death of one thread, not of the
+ * process: other threads of a process in a group exit run on for a while,
+ * and a keeper that exits alone leaves its process running.  So a slot is
+ * reclaimed only once liveness.c says the whole process is gone, which also
+ * needs the liveness lock every attached process holds (attach_slot).
+ *
+ * Robust futexes are the kernel's (set_robust_list).  Where they are
+ * missing (qemu-user returns ENOSYS) no death would ever be noticed: opening
+ * refuses (SHL_ENOROBUST) unless the caller opts out of crash recovery.
  *
  * Everything in this file is process-private.  A forked child has only the
  * forking thread: after_fork_in_child resets every private mutex and the
- * in-flight counts of its handles, and bumps the fork generation, so each
- * handle takes a slot of its own on first use (reattach).
+ * in-flight counts of its handles, gives each handle a liveness descriptor
+ * of its own, and bumps the fork generation, so each handle takes a slot of
+ * its own on first use (reattach).
  */
 #include "internal.h"
 
@@ -53,13 +60,24 @@ struct kept {
 
 static pthread_mutex_t k_call_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t k_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t k_cv = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t k_cv = PTHREAD_COND_INITIALIZER;   /* answers: callers wait */
+/* Requests: keeper k waits on k_ask[k] alone.  A thread that exits while it
+ * waits on a glibc condition variable leaves it unusable (a later
+ * broadcast waits for that waiter to leave its group, for ever): a keeper
+ * that exits alone must take only its own with it. */
+static pthread_cond_t k_ask[KEEPER_MAX];
 static int k_started, k_op, k_result;   /* k_started 0: no keeper (yet, or after fork) */
 static uint64_t k_req, k_done;
 static pthread_mutex_t *k_target;
 static uint32_t k_who;                  /* the keeper the request is for */
 static uint32_t k_nkeepers;             /* under k_call_mu, like all below */
 static uint32_t k_count[KEEPER_MAX];    /* mutexes each keeper holds */
+/* Each keeper's thread id (it writes its own, under k_mu, before it serves),
+ * and whether it is known to have exited.  A keeper can exit alone (a raw
+ * exit system call in that thread, a seccomp filter that kills a thread):
+ * its requests would never be answered. */
+static pid_t k_tid[KEEPER_MAX];
+static int k_gone[KEEPER_MAX];
 static struct kept *k_held;
 static size_t k_nheld, k_capheld;
 /* Serialises taking a slot (reattach).  Process-private too, so it
@@ -73,10 +91,13 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static void *keeper_main(void *arg)
 {
     uint32_t me = (uint32_t)(uintptr_t)arg;
+    /* Named for ps -L and debuggers (at most 15 characters). */
+    pthread_setname_np(pthread_self(), "pyshmlock-keep");
     pthread_mutex_lock(&k_mu);
+    k_tid[me] = (pid_t)syscall(SYS_gettid);
     for (;;) {
         while (k_done == k_req || k_who != me)
-            pthread_cond_wait(&k_cv, &k_mu);
+            pthread_cond_wait(&k_ask[me], &k_mu);
         int r;
         if (k_op == KEEP_TRYLOCK) {
             r = pthread_mutex_trylock(k_target);
@@ -105,27 +126,54 @@ static int start_keeper(void)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 64 * 1024);
+    pthread_cond_init(&k_ask[k_nkeepers], NULL);
     /* A keeper must never take a signal meant for the application. */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int r = pthread_create(&t, &attr, keeper_main, (void *)(uintptr_t)k_nkeepers);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
-    if (r == 0)
+    if (r == 0) {
+        k_tid[k_nkeepers] = 0;
+        k_gone[k_nkeepers] = 0;
         k_count[k_nkeepers++] = 0;
+    }
     return r;
 }
 
-/* Run one request on keeper `who`.  Caller holds k_call_mu and k_mu. */
+/* Has keeper `who` exited?  Asked when a request has waited KEEPER_ASK_NS
+ * without an answer.  A thread id that no thread of this process has is
+ * gone for good (a keeper not yet started has written no id: not gone).
+ * Caller holds k_mu. */
+#define KEEPER_ASK_NS (50LL * 1000 * 1000)
+static int keeper_gone(uint32_t who)
+{
+    if (!k_gone[who] && k_tid[who] != 0 &&
+        syscall(SYS_tgkill, getpid(), k_tid[who], 0) < 0 && errno == ESRCH) {
+        k_gone[who] = 1;
+        k_count[who] = KEEPER_CAPACITY;   /* never chosen again */
+    }
+    return k_gone[who];
+}
+
+/* Run one request on keeper `who`.  Caller holds k_call_mu and k_mu.
+ * KEEPER_GONE if that keeper has exited (its request is dropped: the next
+ * one overwrites it). */
+#define KEEPER_GONE (-2)
 static int keeper_run(uint32_t who, int op, pthread_mutex_t *m)
 {
     k_op = op;
     k_target = m;
     k_who = who;
     uint64_t mine = ++k_req;
-    pthread_cond_broadcast(&k_cv);
-    while (k_done != mine)
-        pthread_cond_wait(&k_cv, &k_mu);
+    pthread_cond_signal(&k_ask[who]);
+    while (k_done != mine) {
+        struct timespec ts;
+        ns_to_timespec((int64_t)real_ns() + KEEPER_ASK_NS, &ts);   /* k_cv waits on CLOCK_REALTIME */
+        if (pthread_cond_timedwait(&k_cv, &k_mu, &ts) == ETIMEDOUT && k_done != mine &&
+            keeper_gone(who))
+            return KEEPER_GONE;
+    }
     return k_result;
 }
 
@@ -151,6 +199,7 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
         k_started = 1;
     }
     if (op == KEEP_TRYLOCK) {
+    again:;
         uint32_t who = 0;
         while (who < k_nkeepers && k_count[who] >= KEEPER_CAPACITY)
             who++;
@@ -172,6 +221,8 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
             r = -1;
         } else {
             r = keeper_run(who, KEEP_TRYLOCK, m);
+            if (r == KEEPER_GONE)
+                goto again;      /* it never touched m: ask another keeper */
             if (r == 0 || r == EOWNERDEAD) {
                 k_held[k_nheld++] = (struct kept){m, dev, ino, slot, who};
                 k_count[who]++;
@@ -184,8 +235,14 @@ static int keeper_request(int op, pthread_mutex_t *m, uint64_t dev, uint64_t ino
         if (i == k_nheld) {
             r = EPERM;    /* no keeper of ours holds it */
         } else {
-            r = keeper_run(k_held[i].keeper, KEEP_UNLOCK, m);
-            k_count[k_held[i].keeper]--;
+            uint32_t who = k_held[i].keeper;
+            r = k_gone[who] ? KEEPER_GONE : keeper_run(who, KEEP_UNLOCK, m);
+            /* A keeper that exited left m marked OWNER_DIED (the kernel's
+             * robust list): nothing of ours to unlock. */
+            if (r == KEEPER_GONE)
+                r = 0;
+            else
+                k_count[who]--;
             k_held[i] = k_held[--k_nheld];
         }
     }
@@ -213,12 +270,18 @@ int own_attachment(uint64_t dev, uint64_t ino, uint32_t slot)
 
 /* ------------------------------------------------------------ fork, attaching */
 
-/* The inode of this process's PID namespace, recorded in its slots so that
- * info() can tell two processes with the same pid apart.  0 if unknown. */
-static uint64_t self_pidns(void)
+/* This process's start time (liveness.c), read once per process: a forked
+ * child reads its own (g_start_pid tells whose it is). */
+static uint64_t g_start_ticks;
+static uint32_t g_start_pid;
+
+static uint64_t start_ticks(uint32_t pid)
 {
-    struct stat st;
-    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+    if (g_start_pid != pid) {
+        g_start_ticks = liveness_start_ticks();
+        g_start_pid = pid;
+    }
+    return g_start_ticks;
 }
 
 /* In a forked child only the forking thread exists: no keeper, and every
@@ -234,6 +297,9 @@ static void after_fork_in_child(void)
     k_cv = fresh_cv;
     g_reattach_mu = fresh;
     wd_after_fork();        /* the parent's watchdog is not here either */
+    /* Before the lists are rebuilt: handles_after_fork gives each handle a
+     * liveness descriptor of its own (the inherited one would keep the
+     * parent's liveness locks alive for as long as this child lives). */
     k_started = 0;
     k_req = k_done = 0;
     /* The parent's threads that were inside a call (or deciding a close) do
@@ -243,9 +309,48 @@ static void after_fork_in_child(void)
     atomic_fetch_add_explicit(&g_fork_gen, 1, memory_order_relaxed);
 }
 
+/* What this platform offers (SHL_PLATFORM_*), read once per process. */
+static uint32_t g_platform;
+
+static uint32_t probe_platform(void)
+{
+    uint32_t p = 0;
+    /* glibc registers every thread's robust list with set_robust_list at
+     * its start; the kernel keeps it per thread.  get_robust_list reads it
+     * back: ENOSYS (qemu-user refuses both calls) or no list registered
+     * means a dead owner's mutex would never be marked OWNER_DIED. */
+    void *head = NULL;
+    size_t len = 0;
+    if (syscall(SYS_get_robust_list, 0, &head, &len) == 0 && head != NULL)
+        p |= SHL_PLATFORM_ROBUST;
+#ifdef SYS_futex_waitv
+    /* futex_waitv with no words: EINVAL where it exists, ENOSYS before
+     * Linux 5.16 (and under qemu-user). */
+    const char *off = getenv("PYSHMLOCK_NO_FUTEX_WAITV");
+    if (!(off && off[0] == '1') &&
+        !(syscall(SYS_futex_waitv, NULL, 0u, 0u, NULL, CLOCK_MONOTONIC) < 0 && errno == ENOSYS))
+        p |= SHL_PLATFORM_WAITV;
+#endif
+    return p;
+}
+
 static void init_once(void)
 {
-    pthread_atfork(NULL, NULL, after_fork_in_child);
+    g_platform = probe_platform();
+    /* fork() waits while a thread opens, hands over or closes a liveness
+     * descriptor (handles.c, "the liveness descriptors' mutex"). */
+    pthread_atfork(lfd_lock, lfd_unlock, after_fork_in_child);
+}
+
+uint32_t core_platform(void)
+{
+    return g_platform;
+}
+
+uint32_t shl_platform(void)
+{
+    core_init();
+    return g_platform;
 }
 
 /*
@@ -270,9 +375,35 @@ static void raise_slots_hwm(shl_lock *h, uint32_t i)
         ;
 }
 
+/* May slot i, whose mutex our keeper just took (r: 0 or EOWNERDEAD), be
+ * ours?  Its last owner must be gone (liveness.c: a keeper that died with
+ * its process still running leaves the slot to that process), and its
+ * liveness lock free; what a dead owner left is reclaimed.  1 yes; 0 no
+ * (the caller gives the mutex back). */
+static int take_slot(shl_lock *h, uint32_t i, int r)
+{
+    struct shl_slot *sl = &h->slots[i];
+    /* relaxed: we hold the slot's mutex; a claim naming it was made before
+     * its owner died (the mutex orders it), or is corruption */
+    int named = owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1;
+    /* (A free mutex with a pid: an exiting owner whose slot a prober gave
+     * back; slots.c, probe_slot.) */
+    if (r == EOWNERDEAD || named || !slot_is_clean(sl) ||
+        atomic_load_explicit(&sl->pid, memory_order_relaxed) != 0) {
+        if (!liveness_gone(h->lockfd, sl, i))
+            return 0;           /* exiting: its holds stay until it is gone */
+        recover_slot(h, i);
+    }
+    /* Free now; the lock is free too unless the last owner's exit has not
+     * finished (liveness.c judged it gone from /proc) or a reader of the
+     * segment holds a read lock there: another slot then. */
+    return liveness_take(h->lockfd, i) == 0;
+}
+
 /* Take a free slot (or a dead process's, after reclaiming it). */
 static int attach_slot(shl_lock *h)
 {
+    uint32_t pid = (uint32_t)getpid();   /* a forked child re-attaches: fresh pid */
     for (uint32_t i = 0; i < h->max; i++) {
         struct shl_slot *sl = &h->slots[i];
         if (!slot_mutex_sane(&sl->owner))
@@ -280,19 +411,22 @@ static int attach_slot(shl_lock *h)
         int r = keeper_request(KEEP_TRYLOCK, &sl->owner, h->dev, h->ino, i);
         if (r < 0)
             return SHL_ESYS;
-        if (r == EOWNERDEAD || (r == 0 && !slot_is_clean(sl)))
-            recover_slot(h, i);
-        else if (r != 0)
+        if (r != 0 && r != EOWNERDEAD)
             continue;    /* EBUSY: a live process owns it */
+        if (!take_slot(h, i, r)) {
+            keeper_request(KEEP_UNLOCK, &sl->owner, 0, 0, 0);
+            continue;
+        }
         raise_slots_hwm(h, i);
-        /* A dead owner may also have held the exclusive claim. */
-        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1)
-            recover_slot(h, i);
-        h->pid = (uint32_t)getpid();   /* a forked child re-attaches: fresh pid */
-        atomic_store_explicit(&sl->pid, h->pid, memory_order_relaxed);
+        h->pid = pid;
+        /* Who we are, before anyone can probe the slot (our keeper holds
+         * its mutex): liveness.c reads these. */
+        atomic_store_explicit(&sl->pidns, liveness_pidns(), memory_order_relaxed);
+        atomic_store_explicit(&sl->timens, liveness_timens(), memory_order_relaxed);
+        atomic_store_explicit(&sl->start_ticks, start_ticks(pid), memory_order_relaxed);
         atomic_store_explicit(&sl->attached_at_ns, real_ns(), memory_order_relaxed);
-        atomic_store_explicit(&sl->pidns, self_pidns(), memory_order_relaxed);
-        __atomic_store_n(&h->self, (int32_t)i, __ATOMIC_RELAXED);   /* the watchdog reads it */
+        atomic_store_explicit(&sl->pid, pid, memory_order_relaxed);
+        atomic_store_explicit(&h->self, (int32_t)i, memory_order_relaxed);   /* the watchdog reads it */
         atomic_store_explicit(&h->fork_gen, atomic_load_explicit(&g_fork_gen, memory_order_relaxed),
                               memory_order_release);
         return SHL_OK;
@@ -310,13 +444,17 @@ int reattach(shl_lock *h)
     int r = SHL_OK;
     pthread_mutex_lock(&g_reattach_mu);
     if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
-            atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || h->self < 0) {
+            atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || self_slot(h) < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
-        __atomic_store_n(&h->self, -1, __ATOMIC_RELAXED);
+        atomic_store_explicit(&h->self, -1, memory_order_relaxed);
         /* An attached process always has a lease watchdog (a forked child
-         * gets its own here): no watchdog, no attachment. */
-        r = wd_start();
+         * gets its own here): no watchdog, no attachment.  A forked child
+         * whose handle could get no liveness descriptor of its own at the
+         * fork (no descriptor free, no /proc) opens one now, by name. */
+        r = liveness_reopen(h);
+        if (r == SHL_OK)
+            r = wd_start();
         if (r == SHL_OK)
             r = attach_slot(h);
         if (r == SHL_OK)

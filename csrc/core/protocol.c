@@ -29,7 +29,8 @@
  *   bit     15  SLEEPERS  someone sleeps on the state word (futex)
  *   bit     16  DRAINERS  someone sleeps on the drain counter (futex)
  *   bit     17  PINNED    an update session pins the pause (see below)
- *   bits 18-31  EPOCH     counts exclusive claims (wraps)
+ *   bit     18  SUSPECT   the protected data is suspect (see below)
+ *   bits 19-31  EPOCH     counts exclusive claims (wraps)
  *
  * Read admission is a Dekker handshake between a reader and the exclusive
  * claimant, with sequentially consistent operations on both sides:
@@ -62,7 +63,7 @@
  * GRANTED, and an owed reader enters E' while it is still draining (not
  * GRANTED, not PAUSED) whenever it is registered under that parity (or
  * E' != its epoch).  Entry never depends on epoch equality alone: the
- * 14-bit epoch wraps (2^14 claims under a pause can pass one waiting
+ * 13-bit epoch wraps (2^13 claims under a pause can pass one waiting
  * reader), and a claim that waits for a reader always lets it in.  So a
  * reader waits through at most one exclusive phase (two if it registered
  * too late for a claim's count; pauses excepted); a writer waits through at most the
@@ -84,9 +85,17 @@
  * from the session's token to "ending by slot i" decides who ends it, and
  * only that process clears PINNED (its slot's recovery does, if it dies in
  * between).  A new session pins only once PINNED is clear, so no end can
- * clear a later session's pin.  An expiry marks the data suspect before it
- * unpins: the pause stays, and resume refuses (SHL_ESUSPECT) until a
- * completed update or a forced resume clears the mark.
+ * clear a later session's pin.  An expiry marks the data suspect with the
+ * CAS that unpins: the pause stays, and resume refuses (SHL_ESUSPECT) until
+ * a completed update or a forced resume clears the mark.
+ *
+ * The data-suspect mark.  SUSPECT is set by the CAS that ends what was
+ * lost (the reclaim of a granted hold, an expired session's unpin) and
+ * cleared by the CAS that ends what rewrote the data (a release, a
+ * session's end, a forced resume).  Being a bit of the state word, it is
+ * part of the value every CAS compares: a resume decides on the word it
+ * loaded and opens the gate with a CAS from it, so a mark made after its
+ * look makes the CAS fail, however often the epoch wrapped meanwhile.
  *
  * Waiting uses Linux futexes on shared (not private) words.  A waiter sets
  * SLEEPERS or DRAINERS before it sleeps; whoever changes a condition that a
@@ -192,7 +201,7 @@ int excl_is_this_thread(shl_lock *h, const shl_waiter *w)
  * registered under), then wake the drainers that may wait for them. */
 static void withdraw_owed(shl_lock *h, shl_waiter *w)
 {
-    struct shl_slot *me = &h->slots[h->self];
+    struct shl_slot *me = &h->slots[self_slot(h)];
     for (uint32_t p = 0; p < 2; p++)
         if (w->registered & (1u << p))
             atomic_fetch_sub_explicit(&me->rwait[p], 1, memory_order_seq_cst); /* [model:WITHDRAW_OWED] */
@@ -208,7 +217,7 @@ void wait_on_state(shl_waiter *w, uint32_t s)
 
 static int try_read(shl_lock *h, shl_waiter *w)
 {
-    struct shl_slot *me = &h->slots[h->self];
+    struct shl_slot *me = &h->slots[self_slot(h)];
     /* Announce, then look (reader half of the Dekker pair; see the top). */
     uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
@@ -226,7 +235,7 @@ static int try_read(shl_lock *h, shl_waiter *w)
      * (epoch - 1) & 1; see drain_for_exclusive) or it came later than the
      * phase we queued behind.  The first test alone decides liveness: a
      * claim that waits for us always lets us in, so no epoch value, however
-     * often the 14-bit epoch wrapped during our wait, can make it wait for a
+     * often the 13-bit epoch wrapped during our wait, can make it wait for a
      * reader that refuses to enter.  The epoch comparison alone could (a
      * wrap makes a later claim look like ours).  The second test only lets
      * us in sooner. */
@@ -239,7 +248,7 @@ static int try_read(shl_lock *h, shl_waiter *w)
     int32_t o = owner_index(h, s);
     if (o == -2)
         return SHL_ECORRUPT;
-    if (o == h->self && excl_is_this_thread(h, w))
+    if (o == self_slot(h) && excl_is_this_thread(h, w))
         return SHL_EDEADLK;
     if (o >= 0 && !w->registered) {
         /* [model:READ_REGISTER] queue as owed behind the phase of epoch s */
@@ -302,7 +311,7 @@ static int drain_for_exclusive(shl_lock *h, shl_waiter *w)
     uint32_t seq = atomic_load_explicit(&hd->drain_seq, memory_order_seq_cst); /* [model:DRAIN_SEQ] */
     uint32_t s = arm_drainers(h);
     for (;;) {
-        if (owner_of(s) != (uint32_t)h->self + 1)
+        if (owner_of(s) != (uint32_t)self_slot(h) + 1)
             return SHL_ECORRUPT;   /* nobody else may clear a live claim */
         if (s & ST_GRANTED)
             break;
@@ -332,6 +341,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
 {
     struct shl_header *hd = h->hdr;
     if (!w->claimed) {
+        /* relaxed: only the claim CAS's expected value (it decides) */
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
         uint32_t ns, marks;
         for (;;) {
@@ -339,17 +349,17 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
             if (o == -2)
                 return SHL_ECORRUPT;
             if (o >= 0) {
-                if (o == h->self && excl_is_this_thread(h, w))
+                if (o == self_slot(h) && excl_is_this_thread(h, w))
                     return SHL_EDEADLK;
                 wait_on_state(w, s);
                 return SHL_AGAIN;
             }
-            ns = ((s & ~ST_SLEEPERS) + ST_EPOCH_ONE) | ((uint32_t)h->self + 1);
+            ns = ((s & ~ST_SLEEPERS) + ST_EPOCH_ONE) | ((uint32_t)self_slot(h) + 1);
             /* The marks made so far, read before the claim: a mark made
              * while this claim drains or holds keeps the data suspect past
              * its release (see release_exclusive).  relaxed: a stale count
              * only keeps a mark that this section might have cleared. */
-            marks = FLAG_MARKS(atomic_load_explicit(&hd->flags, memory_order_relaxed)); /* [model:CLAIM_MARKS] */
+            marks = atomic_load_explicit(&hd->marks, memory_order_seq_cst); /* [model:CLAIM_MARKS] */
             if (w->kind == SHL_KIND_UPDATE) {
                 ns |= ST_UPDATE;
                 if (s & ST_PAUSED)
@@ -357,7 +367,7 @@ static int try_exclusive(shl_lock *h, shl_waiter *w)
             }
             /* seq_cst: writer half of the Dekker pair with try_read. */
             if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
-                                                      memory_order_relaxed)) /* [model:EXCL_CLAIM] */
+                                                      memory_order_seq_cst)) /* [model:EXCL_CLAIM] */
                 break;
         }
         /* Only the winner of the claim keeps its marks (process-local; read
@@ -416,7 +426,7 @@ int shl_try(shl_lock *h, shl_waiter *w)
 
 void do_cancel(shl_lock *h, shl_waiter *w)
 {
-    if (h->self < 0 || atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
+    if (self_slot(h) < 0 || atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
                             atomic_load_explicit(&g_fork_gen, memory_order_relaxed))
         return;   /* the registrations belong to a slot this process no longer has */
     struct shl_header *hd = h->hdr;
@@ -424,7 +434,7 @@ void do_cancel(shl_lock *h, shl_waiter *w)
         withdraw_owed(h, w);
     if (w->claimed) {
         uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-        while (owner_of(s) == (uint32_t)h->self + 1) {   /* [model:CANCEL_CLAIM] */
+        while (owner_of(s) == (uint32_t)self_slot(h) + 1) {   /* [model:CANCEL_CLAIM] */
             if (atomic_compare_exchange_weak_explicit(&hd->state, &s,
                                                       s & ~(ST_CLAIM_BITS | ST_SLEEPERS),
                                                       memory_order_seq_cst,
@@ -461,7 +471,7 @@ static int do_release_read(shl_lock *h)
             return SHL_ENOHOLD;
     } while (!atomic_compare_exchange_weak_explicit(&h->held_reads, &n, n - 1,
                                                     memory_order_relaxed, memory_order_relaxed));
-    struct shl_slot *me = &h->slots[h->self];
+    struct shl_slot *me = &h->slots[self_slot(h)];
     uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
     do {
         if (c == 0) {   /* our slot was wiped: only a corrupt segment does that */
@@ -470,7 +480,7 @@ static int do_release_read(shl_lock *h)
         }
         /* seq_cst: release half of the drain handshake (see wake_drainers). */
     } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
-                                                    memory_order_seq_cst, memory_order_relaxed)); /* [model:RELEASE_READ] */
+                                                    memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
     if (c == 1)
         wake_drainers(h);
     return SHL_OK;
@@ -491,24 +501,32 @@ static int do_release_exclusive(shl_lock *h, int kind)
     if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
                                                  memory_order_relaxed))
         return SHL_ENOHOLD;
-    uint32_t s = atomic_load_explicit(&hd->state, memory_order_relaxed);
+    uint32_t me = (uint32_t)self_slot(h) + 1;
     uint32_t kind_bit = kind == SHL_KIND_UPDATE ? ST_UPDATE : 0;
-    if (owner_of(s) != (uint32_t)h->self + 1 || !(s & ST_GRANTED) ||
-        (s & ST_UPDATE) != kind_bit) {
-        atomic_store_explicit(&h->held_excl, kind, memory_order_release);
-        return SHL_ECORRUPT;
-    }
     /* A completed exclusive section makes the data trustworthy again, as
-     * far as the marks made before its claim go (see FLAG_MARK_ONE). */
+     * far as the marks made before its claim go (suspect_after). */
     uint32_t mine = atomic_load_explicit(&h->excl_marks, memory_order_relaxed);
-    if (mine != EXCL_IN_SESSION)
-        unmark_suspect(h, mine);   /* [model:RELEASE_UNMARK] */
-    atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
-    /* seq_cst (release at least): everything written under the hold is
-     * visible to whoever is admitted next. */
-    while (!atomic_compare_exchange_weak_explicit(&hd->state, &s, s & ~(ST_CLAIM_BITS | ST_SLEEPERS),
-                                                  memory_order_seq_cst, memory_order_relaxed)) {
-    }   /* [model:EXCL_RELEASE] */
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    for (;;) {
+        /* [model:RELEASE_OWNER] Ours, granted, of our kind: checked on every
+         * value the CAS compares against, not only the first.  Nothing but
+         * the recovery of our own (dead) process may clear our claim; a word
+         * that names another claimant means a corrupt segment, and clearing
+         * its claim would let a third party in beside it. */
+        if (owner_of(s) != me || !(s & ST_GRANTED) || (s & ST_UPDATE) != kind_bit) {
+            atomic_store_explicit(&h->held_excl, kind, memory_order_release);
+            return SHL_ECORRUPT;
+        }
+        atomic_store_explicit(&hd->exclusive_pid, 0, memory_order_relaxed);
+        uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
+        if (mine != EXCL_IN_SESSION)
+            ns = suspect_after(h, ns, mine);   /* [model:RELEASE_UNMARK] */
+        /* seq_cst (release at least): everything written under the hold is
+         * visible to whoever is admitted next. */
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
+                                                  memory_order_seq_cst)) /* [model:EXCL_RELEASE] */
+            break;
+    }
     if (s & ST_SLEEPERS)
         futex_wake_all(&hd->state);
     return SHL_OK;

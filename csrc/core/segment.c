@@ -76,6 +76,8 @@ int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
         return SHL_ECORRUPT;
     if (st_size != layout_size(m))
         return SHL_ESIZE;
+    /* relaxed: a bounds check of a value that is checked again wherever
+     * it is used (owner_index) */
     if (owner_of(atomic_load_explicit(&hd->state, memory_order_relaxed)) > m)
         return SHL_ECORRUPT;
     *max = m;
@@ -99,6 +101,7 @@ static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
          * already passed, so no opener admits anything (and the stale reset
          * keeps the pause) until the host's agent has mirrored the cluster
          * and armed a lease of its own. */
+        /* relaxed, like every field here: published by READY's release */
         atomic_store_explicit(&hd->state, ST_PAUSED, memory_order_relaxed);
         atomic_store_explicit(&hd->paused_by_pid, (uint32_t)getpid(), memory_order_relaxed);
         atomic_store_explicit(&hd->paused_at_ns, real_ns(), memory_order_relaxed);
@@ -132,6 +135,7 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
             if (p == MAP_FAILED)
                 return SHL_ESYS;
             struct shl_header *hd = p;
+            /* acquire: pairs with the creator's release store of READY */
             if (atomic_load_explicit(&hd->ready, memory_order_acquire) == SHL_READY) {
                 int r = validate_header(hd, len, max);
                 if (r != SHL_OK) {
@@ -280,28 +284,50 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
 
 static int unlink_exactly(const char *name, const struct stat *probed);
 
-/* Make the handle for a mapped, validated segment: take a slot, apply a
- * lease that has already passed, and publish it (handles.c); *out is its
- * token. */
-static int new_handle(struct shl_header *hd, size_t size, uint32_t max, const struct stat *st,
-                      int no_slot, shl_lock **out)
+/*
+ * A second open file description of the segment open on fd, never mapped:
+ * the handle's liveness descriptor (liveness.c).  A mapping holds a
+ * reference to the description it was made from, and a forked child
+ * inherits mappings, so a liveness lock on the mapped description would
+ * outlive this process in its children.  Reopened through /proc/self/fd
+ * (exactly this file); without /proc, by name, checked to be the same file.
+ * Returns the descriptor, or -1 with errno set.
+ */
+static int liveness_fd(int fd, const char *path, const struct stat *st)
 {
-    shl_lock *h = handle_new();
-    if (!h)
-        return SHL_ESYS;
+    char self[40];
+    snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+    int lfd = open(self, O_RDWR | O_CLOEXEC);
+    if (lfd < 0 && errno != ENOENT)
+        return -1;
+    if (lfd < 0)
+        lfd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    struct stat now;
+    if (lfd >= 0 && (fstat(lfd, &now) != 0 || now.st_dev != st->st_dev ||
+                     now.st_ino != st->st_ino)) {
+        close(lfd);
+        lfd = -1;
+        errno = ESTALE;   /* the name was given to another segment meanwhile */
+    }
+    return lfd;
+}
+
+/* Make the handle h (from handle_new, with its liveness descriptor) serve a
+ * mapped, validated segment: take a slot, apply a lease that has already
+ * passed, and publish it (handles.c); *out is its token. */
+static int new_handle(shl_lock *h, struct shl_header *hd, size_t size, uint32_t max,
+                      const struct stat *st, int no_slot, shl_lock **out)
+{
     h->hdr = hd;
     h->slots = (struct shl_slot *)(hd + 1);
     h->map_size = size;
     h->max = max;
-    h->self = -1;
     h->dev = (uint64_t)st->st_dev;
     h->ino = (uint64_t)st->st_ino;
     h->no_slot = no_slot;
     int r = ensure_attached(h);
-    if (r != SHL_OK) {
-        handle_discard(h);
+    if (r != SHL_OK)
         return r;
-    }
     /* A segment whose host lease has already passed (its host's agent died
      * with every process) is paused before this open returns, so the caller
      * can admit nothing.  The handle is not published yet: no enter(). */
@@ -323,11 +349,18 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     *out = NULL;
     memset(info, 0, sizeof *info);
     if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
-        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT)))
+        (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT |
+                   SHL_OPEN_NO_ROBUST)))
         return SHL_EINVAL;
     if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     core_init();
+    /* Without robust futexes a dead holder is never reclaimed: only by
+     * choice (the caller's flag), never silently.  An operator's handle
+     * takes no slot: its own death leaves nothing to reclaim. */
+    if (!(core_platform() & SHL_PLATFORM_ROBUST) &&
+        !(flags & (SHL_OPEN_NO_ROBUST | SHL_OPEN_NO_SLOT)))
+        return SHL_ENOROBUST;
     shl_segment_path(name, 0, path, sizeof path);
 
     for (int attempt = 0;; attempt++) {
@@ -363,7 +396,28 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
     size_t size = 0;
     uint32_t max = max_processes;
     struct stat st;
-    int r = created ? create_segment(fd, path, mode, group, max_processes,
+    /* The handle and its liveness descriptor first, before a created
+     * segment is initialised: an open that cannot have them (EMFILE)
+     * leaves no segment behind.  The descriptor is opened and given to the
+     * handle under the descriptors' mutex (handles.c: a fork meanwhile
+     * closes it in the child). */
+    shl_lock *h = handle_new();
+    int r = h != NULL && fstat(fd, &st) == 0 ? SHL_OK : SHL_ESYS;
+    if (r == SHL_OK) {
+        snprintf(h->path, sizeof h->path, "%s", path);
+        lfd_lock();
+        h->lockfd = liveness_fd(fd, path, &st);
+        if (h->lockfd < 0)
+            r = SHL_ESYS;
+        lfd_unlock();
+    }
+    if (r != SHL_OK && created) {
+        int e = errno;
+        shm_unlink(path);     /* empty, never marked ready: nobody uses it */
+        errno = e;
+    }
+    if (r == SHL_OK)
+        r = created ? create_segment(fd, path, mode, group, max_processes,
                                      (flags & SHL_OPEN_FAIL_CLOSED) != 0, &hd, &size)
                     : open_existing(fd, mode, group, info, &hd, &size, &max);
     if (r == SHL_EVERSION)
@@ -379,10 +433,16 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
         info->created = created;
         info->replaced = replaced;
         info->max_processes = max;
-        r = new_handle(hd, size, max, &st, (flags & SHL_OPEN_NO_SLOT) != 0, out);
+        r = new_handle(h, hd, size, max, &st, (flags & SHL_OPEN_NO_SLOT) != 0, out);
     }
-    if (r != SHL_OK && hd)
-        munmap(hd, size);
+    if (r != SHL_OK) {
+        e = errno;
+        if (h != NULL)
+            handle_discard(h);
+        if (hd)
+            munmap(hd, size);
+        errno = e;
+    }
     return r;
 }
 
@@ -400,7 +460,8 @@ int shl_close(shl_lock *token)
                                                  memory_order_acquire, memory_order_relaxed))
         return (H_GEN(n) != token_gen(token) || (n & H_CLOSED)) ? SHL_ECLOSED
                                                                 : SHL_EINFLIGHT;
-    int ours = h->self >= 0 &&
+    int32_t self = self_slot(h);
+    int ours = self >= 0 &&
                atomic_load_explicit(&h->fork_gen, memory_order_acquire) ==
                    atomic_load_explicit(&g_fork_gen, memory_order_relaxed);
     int r = SHL_OK;
@@ -411,9 +472,9 @@ int shl_close(shl_lock *token)
         /* An attempt parked outside the core (asyncio) may still be queued
          * as an owed reader or claim the lock: freeing the slot would leave
          * a claim or registration that names a slot nobody owns. */
-        struct shl_slot *me = &h->slots[h->self];
+        struct shl_slot *me = &h->slots[self];
         if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_seq_cst)) ==
-                (uint32_t)h->self + 1 ||
+                (uint32_t)self + 1 ||
             atomic_load_explicit(&me->rwait[0], memory_order_seq_cst) != 0 ||
             atomic_load_explicit(&me->rwait[1], memory_order_seq_cst) != 0)
             r = SHL_EINFLIGHT;
@@ -432,8 +493,11 @@ int shl_close(shl_lock *token)
      * a dead owner's recovery goes by that slot). */
     handle_unlist(h);
     if (ours) {
-        struct shl_slot *me = &h->slots[h->self];
+        struct shl_slot *me = &h->slots[self];
         atomic_store_explicit(&me->pid, 0, memory_order_relaxed);
+        /* The liveness lock first: a prober that finds the mutex free then
+         * finds the lock free too. */
+        liveness_drop(h->lockfd, (uint32_t)self);
         keeper_call(KEEP_UNLOCK, &me->owner);
     }
     /* Off the open list, unmapped, recycled under a new generation: a
@@ -444,16 +508,19 @@ int shl_close(shl_lock *token)
     return SHL_OK;
 }
 
-/* Count the live processes attached to the mapped segment (dev/ino),
- * other than this process's own attachments; reclaims dead ones. */
-static uint32_t count_others(struct shl_header *hd, uint32_t max, uint64_t dev, uint64_t ino)
+/* Count the live (or exiting) processes attached to the mapped segment
+ * (dev/ino, open on fd), other than this process's own attachments;
+ * reclaims dead ones. */
+static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev,
+                             uint64_t ino)
 {
     shl_lock probe;
     memset(&probe, 0, sizeof probe);
     probe.hdr = hd;
     probe.slots = (struct shl_slot *)(hd + 1);
     probe.max = max;
-    probe.self = -1;
+    atomic_store_explicit(&probe.self, -1, memory_order_relaxed);
+    probe.lockfd = fd;
     uint32_t n = 0;
     for (uint32_t i = 0; i < max; i++) {
         /* Ours by attachment (a slot our keepers hold), never by pid: two
@@ -481,7 +548,7 @@ static uint32_t count_others(struct shl_header *hd, uint32_t max, uint64_t dev, 
  */
 static int unlink_exactly(const char *name, const struct stat *probed)
 {
-    static _Atomic uint32_t seq;
+    static _Atomic uint32_t seq;   /* relaxed: only makes names unique in this process */
     char path[SHL_PATH_MAX], tmp[96];
     shl_segment_path(name, 1, path, sizeof path);
     int moved = -1;
@@ -555,15 +622,15 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
             *attached = (uint32_t)other_layout_users(fd, (size_t)st.st_size, &layout, &pid);
             r = SHL_OK;
         }
+        if (r == SHL_OK && hd) {
+            *attached = count_others(hd, max, fd, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+            munmap(hd, size);
+        }
         int e = errno;
         close(fd);
         errno = e;
         if (r != SHL_OK)
             return r;
-        if (hd) {
-            *attached = count_others(hd, max, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-            munmap(hd, size);
-        }
         if (*attached)
             return SHL_EBUSY;
         r = unlink_exactly(name, &st);

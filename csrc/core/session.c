@@ -48,17 +48,31 @@ static uint64_t new_token(shl_lock *h)
     return t ? t : 1;
 }
 
+/* How unpin leaves the data-suspect mark. */
+enum { UNPIN_MARK, UNPIN_KEEP, UNPIN_UNMARK };
+
 /* Clear PINNED (the caller owns the ending, see above) and wake the
- * sleepers: resume, wait_unpinned, a second begin. */
-static void unpin(shl_lock *h)
+ * sleepers: resume, wait_unpinned, a second begin.  The same CAS marks the
+ * data suspect (an expiry: counted before, mark_counted), or clears the
+ * mark if no mark was made since the session began (a normal end: the
+ * session rewrote the data), or leaves it. */
+static void unpin(shl_lock *h, int how)
 {
-    uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(&h->hdr->state, &s, /* [model:SESSION_UNPIN] */
-                                                  s & ~(ST_PINNED | ST_SLEEPERS),
-                                                  memory_order_seq_cst, memory_order_relaxed)) {
+    struct shl_header *hd = h->hdr;
+    uint32_t began = atomic_load_explicit(&hd->session_marks, memory_order_relaxed);
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    for (;;) {
+        uint32_t ns = s & ~(ST_PINNED | ST_SLEEPERS);
+        if (how == UNPIN_MARK)
+            ns |= ST_SUSPECT;
+        else if (how == UNPIN_UNMARK)
+            ns = suspect_after(h, ns, began);   /* [model:SESSION_UNMARK] */
+        if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, /* [model:SESSION_UNPIN] */
+                                                  memory_order_seq_cst, memory_order_seq_cst))
+            break;
     }
     if (s & ST_SLEEPERS)
-        futex_wake_all(&h->hdr->state);
+        futex_wake_all(&hd->state);
 }
 
 /* Take the ending of session `token` in the name of slot `self` (this
@@ -73,10 +87,10 @@ static int claim_ending(shl_lock *h, uint64_t token, int32_t self, int expiring)
 
 /*
  * End the current session if its deadline has passed: take the ending,
- * mark the data suspect, record the lost session, clear PINNED.  The mark
- * comes before the unpin, so a resume that sees PINNED clear also sees it
- * (resume_allowed).  Returns 1 if it ended one (the caller reloads the
- * state word), 0 if nothing is due.
+ * count the mark, clear PINNED and set SUSPECT in one CAS (so a resume
+ * that sees PINNED clear sees the mark: it is the same word), record the
+ * lost session.  Returns 1 if it ended one (the caller reloads the state
+ * word), 0 if nothing is due.
  */
 int session_expire(shl_lock *h)
 {
@@ -92,7 +106,7 @@ int session_expire(shl_lock *h)
         return 0;
     /* acquire: pairs with session_pin's release store of the token, so
      * the deadline read is that session's (written before the token). */
-    uint64_t token = atomic_load_explicit(&hd->session_token, memory_order_acquire); /* [model:SESSION_EXPIRE_TOKEN] */
+    uint64_t token = atomic_load_explicit(&hd->session_token, memory_order_seq_cst); /* [model:SESSION_EXPIRE_TOKEN] */
     int64_t d = atomic_load_explicit(&hd->session_deadline_ns, memory_order_relaxed);
     if (token == 0 || (token & TOKEN_ENDING) || mono_ns() < d)
         return 0;
@@ -110,8 +124,8 @@ int session_expire(shl_lock *h)
                                                 memory_order_seq_cst, memory_order_relaxed);
         return 0;
     }
-    mark_suspect(h);   /* [model:SESSION_MARK] */
-    unpin(h);
+    mark_counted(h);   /* [model:SESSION_MARK] */
+    unpin(h, UNPIN_MARK);
     atomic_fetch_add_explicit(&hd->session_expiries, 1, memory_order_relaxed);
     record_recovery(h, atomic_load_explicit(&hd->session_pid, memory_order_relaxed),
                     SHL_LOST_SESSION, 0, 0);
@@ -138,8 +152,12 @@ void session_recover(shl_lock *h, uint32_t i)
     if (!(s & ST_PINNED))
         return;
     if (t & TOKEN_EXPIRING)
-        mark_suspect(h);
-    unpin(h);
+        mark_counted(h);
+    /* A normal end that died before its unpin cleared no mark (the unpin
+     * is what clears it): the mark stays as it is, which errs on the side
+     * of a suspect lock (an operator's forced resume, or the next update,
+     * clears it). */
+    unpin(h, (t & TOKEN_EXPIRING) ? UNPIN_MARK : UNPIN_KEEP);
 }
 
 /*
@@ -172,8 +190,10 @@ static int do_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token)
                           memory_order_relaxed);
     atomic_store_explicit(&hd->session_began_ns, real_ns(), memory_order_relaxed);
     atomic_store_explicit(&hd->session_pid, h->pid, memory_order_relaxed);
+    /* relaxed: no mark can be made while we hold the update hold (a mark
+     * ends a held exclusive section or a session: neither can run now) */
     atomic_store_explicit(&hd->session_marks,
-                          FLAG_MARKS(atomic_load_explicit(&hd->flags, memory_order_relaxed)),
+                          atomic_load_explicit(&hd->marks, memory_order_relaxed),
                           memory_order_relaxed);
     /* release: whoever reads this token (acquire) reads the fields above.
      * A plain store: PINNED is clear and we hold the update hold, so no
@@ -183,7 +203,7 @@ static int do_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token)
     /* seq_cst: ordered with resume's load; PAUSED cannot be clear here
      * (our update hold pins it), and nobody else sets PINNED. */
     while (!atomic_compare_exchange_weak_explicit(&hd->state, &s, s | ST_PINNED, /* [model:SESSION_PIN] */
-                                                  memory_order_seq_cst, memory_order_relaxed)) {
+                                                  memory_order_seq_cst, memory_order_seq_cst)) {
     }
     *token = t;
     return SHL_OK;
@@ -201,19 +221,19 @@ static int do_session_end(shl_lock *h, uint64_t token)
     int r = ensure_attached(h);   /* our slot names the ending */
     if (r != SHL_OK)
         return r;
-    if (h->self < 0)
+    int32_t self = self_slot(h);
+    if (self < 0)
         return SHL_EINVAL;        /* an operator's handle has no slot to name it */
     /* Only the pinner had the token before PINNED was set, and it returns
      * the token after setting it: a caller's token names a pinned session,
      * or an ended one (then the CAS fails). */
     if (token == 0 || (token & TOKEN_ENDING) ||
         !(atomic_load_explicit(&h->hdr->state, memory_order_seq_cst) & ST_PINNED) ||
-        !claim_ending(h, token, h->self, 0))   /* [model:SESSION_CLAIM_END] */
+        !claim_ending(h, token, self, 0))   /* [model:SESSION_CLAIM_END] */
         return SHL_ENOSESSION;
     /* The session completed: it rewrote the data, unless a mark was made
      * since it began (a lost update call, say). */
-    unmark_suspect(h, atomic_load_explicit(&h->hdr->session_marks, memory_order_relaxed)); /* [model:SESSION_UNMARK] */
-    unpin(h);
+    unpin(h, UNPIN_UNMARK);
     return SHL_OK;
 }
 

@@ -1,11 +1,18 @@
 /*
  * slots.c - the per-process slots of a segment: probing a slot's owner for
- * death and reclaiming everything a dead process held.  The bottom layer of
- * the core: it calls nothing but internal.h's tools.
+ * death and reclaiming everything a dead process held.  It calls
+ * internal.h's tools, liveness.c (is a process gone) and, for a session end
+ * the dead process left half done, session.c.
  *
- * A slot is owned by a process exactly while that process's keeper
- * (process.c) holds the slot's robust mutex, so probe_slot's trylock is the
- * death test: EBUSY alive, EOWNERDEAD dead (reclaim, then free the slot).
+ * A slot's process keeps the slot's robust mutex locked from its keeper
+ * (process.c), so probe_slot's trylock is the first test: EBUSY, the
+ * keeper lives, and so does its process.  EOWNERDEAD (the keeper died) or a
+ * free mutex with leftovers makes the prober the slot's only reclaimer
+ * (nobody can take the mutex meanwhile), and then liveness.c decides: the
+ * whole process gone, reclaim and free the slot; still running (its keeper
+ * exited alone, or the rest of a dying process has not finished exiting),
+ * the slot is "exiting": its holds stand, the mutex is given back (free,
+ * consistent), and every later prober asks again.
  * Reclaiming (recover_slot) is idempotent and always wakes everyone: the
  * dead process may have died between changing a word and the wake-up it
  * owed.  A waiter also always watches the slot the state word names as
@@ -56,17 +63,27 @@ uint32_t *mutex_word(pthread_mutex_t *m) { return (uint32_t *)&m->__data.__lock;
  * (A malicious peer with write access can still corrupt a mutex while it is
  * held; see docs/DESIGN.md, "Shared memory is untrusted".)
  */
+#ifdef __GLIBC__
+static int g_mutex_kind;
+static pthread_once_t g_mutex_kind_once = PTHREAD_ONCE_INIT;
+
+static void read_mutex_kind(void)
+{
+    pthread_mutex_t ref;
+    init_slot_mutex(&ref);
+    g_mutex_kind = ref.__data.__kind;
+    pthread_mutex_destroy(&ref);
+}
+#endif
+
 int slot_mutex_sane(const pthread_mutex_t *m)
 {
 #ifdef __GLIBC__
-    static int want = -1;
-    if (want == -1) {
-        pthread_mutex_t ref;
-        init_slot_mutex(&ref);
-        want = ref.__data.__kind;
-        pthread_mutex_destroy(&ref);
-    }
-    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == want;
+    /* The reference kind, computed once (pthread_once orders its write
+     * before every caller's read: threads may probe at the same time). */
+    pthread_once(&g_mutex_kind_once, read_mutex_kind);
+    /* relaxed: a field fixed at the mutex's initialisation */
+    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED) == g_mutex_kind;
 #else
     (void)m;
     return 1;
@@ -75,29 +92,25 @@ int slot_mutex_sane(const pthread_mutex_t *m)
 
 /* ------------------------------------------------------- slots and recovery */
 
-/* Mark the protected data suspect, counting the mark (see FLAG_MARK_ONE).
- * seq_cst: the mark precedes the CAS that lets the next holder or a resume
- * in (the claim cleared by recovery, the unpin of an expired session), so
- * whoever that CAS lets in sees it. */
-void mark_suspect(shl_lock *h)
+/* The first step of a mark (internal.h, "The data-suspect mark"): count
+ * it.  The caller then sets SUSPECT with the CAS that ends what was lost.
+ * seq_cst, before that CAS: a section that ends later and compares the
+ * count (suspect_after) after loading the state word either sees this
+ * count, or loaded the word before the CAS changed it, and then its own
+ * CAS fails and it looks again. */
+void mark_counted(shl_lock *h)
 {
-    uint32_t f = atomic_load_explicit(&h->hdr->flags, memory_order_relaxed);
-    while (!atomic_compare_exchange_weak_explicit(&h->hdr->flags, &f,
-                                                  (f + FLAG_MARK_ONE) | FLAG_DATA_SUSPECT,
-                                                  memory_order_seq_cst, memory_order_relaxed)) {
-    }
+    atomic_fetch_add_explicit(&h->hdr->marks, 1, memory_order_seq_cst);
 }
 
-/* The data was rewritten by what began when the mark count was `marks`:
- * clear the mark, unless a mark was made since (it is not ours to clear).
- * relaxed: the release CAS or unpin that follows publishes it. */
-void unmark_suspect(shl_lock *h, uint32_t marks)
+/* The state word s, as the CAS that ends a section begun when the mark
+ * count was `marks` should leave SUSPECT: cleared if no mark was made since
+ * (the section rewrote the data), else kept.  The count is loaded after s
+ * (seq_cst both, the caller's CAS from s next): see mark_counted. */
+uint32_t suspect_after(shl_lock *h, uint32_t s, uint32_t marks)
 {
-    uint32_t f = atomic_load_explicit(&h->hdr->flags, memory_order_relaxed);
-    while ((f & FLAG_DATA_SUSPECT) && FLAG_MARKS(f) == marks &&
-           !atomic_compare_exchange_weak_explicit(&h->hdr->flags, &f, f & ~FLAG_DATA_SUSPECT,
-                                                  memory_order_relaxed, memory_order_relaxed)) {
-    }
+    return atomic_load_explicit(&h->hdr->marks, memory_order_seq_cst) == marks ? s & ~ST_SUSPECT
+                                                                               : s;
 }
 
 void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
@@ -108,6 +121,8 @@ void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
      * before use, whatever value the segment holds. */
     uint32_t n = atomic_fetch_add_explicit(&hd->recovery_count, 1, memory_order_relaxed);
     struct shl_recovery_entry *e = &hd->recoveries[n % SHL_RECOVERY_LOG];
+    /* relaxed: a log entry for display (a reader may see a torn entry
+     * while another is written over it: only what info() shows) */
     __atomic_store_n(&e->pid, pid, __ATOMIC_RELAXED);
     __atomic_store_n(&e->what, what, __ATOMIC_RELAXED);
     __atomic_store_n(&e->reads, reads, __ATOMIC_RELAXED);
@@ -117,10 +132,10 @@ void record_recovery(shl_lock *h, uint32_t pid, uint32_t what,
 
 /*
  * Reclaim everything slot i holds.  The caller owns slot i's mutex (it got
- * EOWNERDEAD, or found the mutex free), so the slot's owner is gone and no
- * process can take the slot until the caller unlocks it.  Idempotent: a
- * recoverer that itself dies leaves the mutex OWNER_DIED again, and the next
- * prober repeats the work.
+ * EOWNERDEAD, or found the mutex free) and liveness.c said the process is
+ * gone, so nothing of it runs any more and no process can take the slot
+ * until the caller unlocks it.  Idempotent: a recoverer that itself dies
+ * leaves the mutex OWNER_DIED again, and the next prober repeats the work.
  */
 void recover_slot(shl_lock *h, uint32_t i)
 {
@@ -138,13 +153,18 @@ void recover_slot(shl_lock *h, uint32_t i)
      * header before the hold is used (a claim still draining for readers
      * has GRANTED set but wrote nothing). */
     int held = atomic_load_explicit(&hd->exclusive_pid, memory_order_relaxed) == pid && pid != 0;
+    int counted = 0;
     while (owner_of(s) == i + 1) {   /* [model:RECOVER_CLAIM] */
         uint32_t ns = s & ~(ST_CLAIM_BITS | ST_SLEEPERS);
-        if ((s & ST_GRANTED) && held)
-            /* Mark suspect before the hold is released, so that whoever is
-             * granted next already sees the mark, and a resume that sees the
-             * update gone sees it too (seq_cst like the CAS it precedes). */
-            mark_suspect(h);   /* [model:RECOVER_MARK] */
+        if ((s & ST_GRANTED) && held) {
+            /* A lost hold's data is suspect: counted first, then marked by
+             * the very CAS that clears the claim, so whoever is granted
+             * next, and a resume that sees the update gone, sees it. */
+            if (!counted)
+                mark_counted(h);   /* [model:RECOVER_MARK] */
+            counted = 1;
+            ns |= ST_SUSPECT;
+        }
         if (atomic_compare_exchange_weak_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                   memory_order_seq_cst)) {
             if (!(s & ST_GRANTED) || !held)
@@ -169,6 +189,7 @@ void recover_slot(shl_lock *h, uint32_t i)
     futex_wake_all(&hd->state);
     futex_wake_all(&hd->drain_seq);
     atomic_store_explicit(&sl->pid, 0, memory_order_relaxed);
+    atomic_store_explicit(&sl->start_ticks, 0, memory_order_relaxed);
 }
 
 int slot_is_clean(const struct shl_slot *sl)
@@ -188,37 +209,44 @@ void init_slot_mutex(pthread_mutex_t *m)
     pthread_mutexattr_destroy(&a);
 }
 
-/* Is slot i owned by a live process?  Reclaims it if its owner is dead (or
- * if it is free but holds leftovers).  Returns 1 alive, 0 not. */
+/* Is slot i's process still there?  Reclaims it if it is gone (or if the
+ * slot is free but holds leftovers).  PROBE_ALIVE (its keeper holds the
+ * mutex, or it is this process's slot or a corrupt one), PROBE_EXITING (its
+ * keeper is gone, the process still runs: nothing reclaimed), PROBE_DEAD
+ * (free, or reclaimed now). */
 int probe_slot(shl_lock *h, uint32_t i)
 {
-    if ((int32_t)i == h->self)
-        return 1;
+    if ((int32_t)i == self_slot(h))
+        return PROBE_ALIVE;
     struct shl_slot *sl = &h->slots[i];
     if (!slot_mutex_sane(&sl->owner))
-        return 1;   /* corrupt: never reclaimed, never handed to glibc */
+        return PROBE_ALIVE;   /* corrupt: never reclaimed, never handed to glibc */
     int r = pthread_mutex_trylock(&sl->owner);   /* [model:PROBE] */
     if (r == EBUSY)
-        return 1;
-    if (r == EOWNERDEAD) {
+        return PROBE_ALIVE;
+    if (r != 0 && r != EOWNERDEAD && r != ENOTRECOVERABLE)
+        return PROBE_ALIVE;
+    /* We are the slot's only prober now (or, ENOTRECOVERABLE: only
+     * reachable if someone unlocked an OWNER_DIED mutex without making it
+     * consistent; the mutex is useless and is made anew below).  Something
+     * to reclaim: a keeper that died, a claim or counts left, or a pid left
+     * in a free slot (an exiting process whose slot a prober gave back:
+     * cleared once it is gone, so that nobody watches the slot for ever).
+     * The state word relaxed: a claim of slot i was made by its owner
+     * before the mutex we hold now passed to us (which orders it). */
+    int leftovers = r != 0 ||
+                    owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1 ||
+                    !slot_is_clean(sl) || atomic_load_explicit(&sl->pid, memory_order_relaxed) != 0;
+    int gone = !leftovers || liveness_gone(h->lockfd, sl, i);   /* [model:PROBE_GONE] */
+    if (gone && leftovers)
         recover_slot(h, i);
-        pthread_mutex_consistent(&sl->owner);
-        pthread_mutex_unlock(&sl->owner);
-        return 0;
-    }
-    if (r == 0) {
-        if (owner_of(atomic_load_explicit(&h->hdr->state, memory_order_relaxed)) == i + 1 ||
-            !slot_is_clean(sl))
-            recover_slot(h, i);
-        pthread_mutex_unlock(&sl->owner);
-        return 0;
-    }
     if (r == ENOTRECOVERABLE) {
-        /* Only reachable if someone unlocked an OWNER_DIED mutex without
-         * reclaiming it; the mutex is useless, so re-create it. */
-        recover_slot(h, i);
-        init_slot_mutex(&sl->owner);
-        return 0;
+        if (gone)
+            init_slot_mutex(&sl->owner);
+        return gone ? PROBE_DEAD : PROBE_EXITING;
     }
-    return 1;
+    if (r == EOWNERDEAD)
+        pthread_mutex_consistent(&sl->owner);
+    pthread_mutex_unlock(&sl->owner);
+    return gone ? PROBE_DEAD : PROBE_EXITING;
 }

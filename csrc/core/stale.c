@@ -30,7 +30,7 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
             return SHL_ECORRUPT;
         /* An update claim pins the pause (invariant 4).  The scan below
          * skips our own slot, so our own update claim is checked here. */
-        if (o == h->self && (s & ST_UPDATE))
+        if (o == self_slot(h) && (s & ST_UPDATE))
             return 0;
         /* An update session pins the pause until its end or expiry, whoever
          * is left: it is owned by a token, not by a process. */
@@ -54,17 +54,16 @@ static int do_reset_stale(shl_lock *h, uint32_t dead_pauser)
          * (their reads, owed registrations and claims), which changes the
          * word and so makes the CAS below fail once and the loop rescan. */
         for (uint32_t i = 0; i < h->max; i++)
-            if ((int32_t)i != h->self && probe_slot(h, i))
+            if ((int32_t)i != self_slot(h) && probe_slot(h, i) != PROBE_DEAD)
                 return 0;
         /* An update claim pins the pause; a live claimant was seen above, a
          * dead one was reclaimed (and changed the word). */
         /* Every process that used the lock is gone, and so is whatever
          * half-written state it kept in memory: the restarted service
          * starts from its own data, not from a suspect one.  (Data that
-         * outlives the processes needs stale="keep".)  Cleared before the
-         * CAS that opens the gate, so a mark made after it stays. */
-        unmark_suspect(h, FLAG_MARKS(atomic_load_explicit(&hd->flags, memory_order_relaxed)));
-        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS);
+         * outlives the processes needs stale="keep".)  Cleared by the CAS
+         * that opens the gate, so a mark made after it stays. */
+        uint32_t ns = s & ~(ST_PAUSED | ST_SLEEPERS | ST_SUSPECT);
         if (atomic_compare_exchange_strong_explicit(&hd->state, &s, ns, memory_order_seq_cst,
                                                     memory_order_seq_cst)) {
             atomic_store_explicit(&hd->paused_by_pid, 0, memory_order_relaxed);

@@ -2,8 +2,13 @@
  * wait.c - sleeping.  A waiter sleeps on the word its attempt decided on
  * (the state word, or the drain counter while a claim waits for readers)
  * and, through futex_waitv, on the robust-mutex words of the processes it
- * may be waiting for, so a death wakes it at once; it then probes and
- * reclaims the dead slot (slots.c), which wakes everyone else.  The loop of
+ * may be waiting for, so a keeper's death wakes it at once; it then probes
+ * the slot (slots.c), which reclaims it once the whole process is gone and
+ * wakes everyone else.  A process whose keeper is gone but which still runs
+ * ("exiting": the rest of a dying process, or a keeper that exited alone)
+ * rings no doorbell when it is finally gone, so a waiter that watches one
+ * re-probes it on a short timer that doubles (EXITING_POLL_NS, up to the
+ * safety net).  The loop of
  * an attempt (try, sleep, try again, withdraw) is not here: it is the
  * binding's, written once (csrc/fastpath/attempt.c), over shl_try,
  * shl_wait and shl_cancel.
@@ -17,13 +22,28 @@
  */
 #include "internal.h"
 
-/* Cleared for good the first time futex_waitv (Linux 5.16) is missing. */
-static _Atomic int g_have_waitv = 1;
+/* Set for good the first time futex_waitv (Linux 5.16) turns out missing
+ * although the platform check found it (a seccomp filter, say). */
+static _Atomic int g_waitv_failed;   /* relaxed: a hint; a stale 0 costs one ENOSYS */
+
+static int have_waitv(void)
+{
+    return (core_platform() & SHL_PLATFORM_WAITV) &&
+           !atomic_load_explicit(&g_waitv_failed, memory_order_relaxed);
+}
+
+/* The first re-probe of an exiting process comes after this long; each
+ * sleep of the same thread that still finds one doubles it, up to the
+ * safety net.  The rest of a process in a group exit is normally gone
+ * within tens of microseconds of its keeper (a few first polls); a keeper
+ * that exited alone costs the waiters one wake-up per safety net. */
+#define EXITING_POLL_NS (50LL * 1000)
+static __thread uint32_t t_exiting_polls;
 
 #ifdef __GLIBC__
-/* Fill v with a watch on slot i's death.  Returns 0 if armed, 1 if the
- * owner is already gone (probe instead of sleeping), 2 if the slot's mutex
- * is not one of ours (skip it). */
+/* Fill v with a watch on slot i's keeper.  Returns 0 if armed, 1 if no
+ * live keeper holds the mutex (probe instead of sleeping on it), 2 if the
+ * slot's mutex is not one of ours (skip it). */
 static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 {
     if (!slot_mutex_sane(&h->slots[i].owner))
@@ -32,6 +52,8 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
      * sets FUTEX_OWNER_DIED when the owner dies, waking one waiter if
      * FUTEX_WAITERS is set.  We set that bit so a death wakes us. */
     uint32_t *word = mutex_word(&h->slots[i].owner);
+    /* acquire: a word seen OWNER_DIED or free orders the dead keeper's (or
+     * the closer's) last writes to the slot before our probe of it. */
     uint32_t cur = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if ((cur & FUTEX_TID_MASK) == 0 || (cur & FUTEX_OWNER_DIED))   /* [model:DEATH_WATCH] */
         return 1;
@@ -49,6 +71,22 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 }
 #endif
 
+/* Does a live keeper hold slot i's mutex (as its word says)?  Without glibc
+ * the word cannot be read: say yes (the probes on the timer decide). */
+static int keeper_holds(shl_lock *h, uint32_t i)
+{
+#ifdef __GLIBC__
+    if (!slot_mutex_sane(&h->slots[i].owner))
+        return 1;
+    /* acquire, as in arm_death_watch */
+    uint32_t cur = __atomic_load_n(mutex_word(&h->slots[i].owner), __ATOMIC_ACQUIRE);
+    return (cur & FUTEX_TID_MASK) != 0 && !(cur & FUTEX_OWNER_DIED);
+#else
+    (void)h; (void)i;
+    return 1;
+#endif
+}
+
 
 /*
  * A sleeper watches every other attached process, not only the one it waits
@@ -62,13 +100,14 @@ static int arm_death_watch(shl_lock *h, uint32_t i, struct futex_waitv *v)
 int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
 {
     int n = 0;
-    /* [model:WATCH_OWNER] The slot the state word names as exclusive owner
-     * comes first, free or not, so the cap never drops it.  A claim or hold
-     * naming a free slot (its owner detached, or a corrupt word) is then
-     * probed at once (its mutex word has no owner) and reclaimed by
-     * probe_slot: no claim can name a slot that nobody watches. */
-    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_relaxed));
-    if (o >= 0 && o != h->self && n < cap)
+    /* The slot the state word names as exclusive owner comes first, free
+     * or not, so the cap never drops it.  A claim or hold naming a free
+     * slot (its owner detached, or a corrupt word) is then probed at once
+     * (its mutex word has no owner) and reclaimed by probe_slot: no claim
+     * can name a slot that nobody watches. */
+    int32_t self = self_slot(h);
+    int32_t o = owner_index(h, atomic_load_explicit(&h->hdr->state, memory_order_seq_cst)); /* [model:WATCH_OWNER] */
+    if (o >= 0 && o != self && n < cap)
         watch[n++] = o;
     /* Slots at or above the high-water mark were never attached, so they
      * have no owner to watch and no leftovers (a process that attaches
@@ -77,7 +116,7 @@ int collect_watch_set(shl_lock *h, int32_t *watch, int cap)
      * mark says. */
     uint32_t lim = scan_limit(h);
     for (uint32_t i = 0; i < lim && n < cap; i++)
-        if ((int32_t)i != h->self && (int32_t)i != o &&
+        if ((int32_t)i != self && (int32_t)i != o &&
             (atomic_load_explicit(&h->slots[i].pid, memory_order_relaxed) != 0 ||
              !slot_is_clean(&h->slots[i])))
             watch[n++] = (int32_t)i;
@@ -96,7 +135,7 @@ static int sleep_waitv(shl_lock *h, _Atomic uint32_t *const *words, const uint32
 {
 #ifdef __GLIBC__
     struct futex_waitv v[FUTEX_WAITV_MAX];
-    int n = 0, gone = 0;
+    int n = 0, gone = 0;   /* gone: a keeper died since the pre-pass looked */
     for (int k = 0; k < nwords; k++) {
         v[n].val = vals[k];
         v[n].uaddr = (uintptr_t)words[k];
@@ -122,7 +161,7 @@ static int sleep_waitv(shl_lock *h, _Atomic uint32_t *const *words, const uint32
         return 0;
     }
     if (errno == ENOSYS) {
-        atomic_store_explicit(&g_have_waitv, 0, memory_order_relaxed);
+        atomic_store_explicit(&g_waitv_failed, 1, memory_order_relaxed);
         return -1;
     }
     if (errno == EAGAIN)
@@ -134,37 +173,70 @@ static int sleep_waitv(shl_lock *h, _Atomic uint32_t *const *words, const uint32
 #else
     (void)h; (void)words; (void)vals; (void)nwords; (void)watch; (void)nwatch;
     (void)until; (void)probe;
-    atomic_store_explicit(&g_have_waitv, 0, memory_order_relaxed);
+    atomic_store_explicit(&g_waitv_failed, 1, memory_order_relaxed);
     return -1;
 #endif
 }
 
 /*
  * Sleep while each words[k] still holds vals[k] and every watched process
- * lives, until deadline (-1: forever; capped by the safety net).  Probes the
- * watched processes when one of them changed or the safety net expired, so a
- * dead one is reclaimed (which changes the words and wakes everyone else).
- * Returns 0 (something may have changed), ETIMEDOUT (safety net or
- * deadline, nothing seen) or EINTR.
+ * lives, until deadline (-1: forever; capped by the safety net).  A watched
+ * slot whose keeper is gone is probed first: reclaimed (something changed:
+ * return at once), or exiting (not slept on: the sleep is capped by the
+ * exiting poll instead).  Probes the watched processes when one of them
+ * changed or the sleep timed out, so a dead one is reclaimed (which changes
+ * the words and wakes everyone else).  Returns 0 (something may have
+ * changed), ETIMEDOUT (safety net, exiting poll or deadline, nothing seen)
+ * or EINTR.
  */
 int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t *vals,
                     int nwords, const int32_t *watch, int nwatch, int64_t deadline_ns)
 {
+    int waitv = have_waitv();
     /* [model:SAFETY_NET] every sleep ends by this time, and the caller's
      * retry takes a fresh watch set: a process that attached after this
      * watch set was taken, and died, is otherwise noticed by nobody here. */
-    int64_t until = mono_ns() + (atomic_load_explicit(&g_have_waitv, memory_order_relaxed)
-                                     ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
+    int64_t until = mono_ns() + (waitv ? SAFETY_NET_NS : NO_WAITV_PROBE_NS);
+    /* The keepers that are gone, before sleeping: a dead process is
+     * reclaimed now; an exiting one is left out of the watch (its mutex
+     * word rings no more) and re-probed on the exiting poll. */
+    int32_t live[FUTEX_WAITV_MAX];
+    int nlive = 0, exiting = 0;
+    for (int k = 0; k < nwatch; k++) {
+        if (keeper_holds(h, (uint32_t)watch[k])) {
+            live[nlive++] = watch[k];
+            continue;
+        }
+        int p = probe_slot(h, (uint32_t)watch[k]);   /* [model:PROBE_EXITING] */
+        if (p == PROBE_DEAD) {
+            t_exiting_polls = 0;
+            return 0;           /* reclaimed (or free): the caller looks again */
+        }
+        if (p == PROBE_EXITING)
+            exiting = 1;
+        else
+            live[nlive++] = watch[k];   /* taken again meanwhile: watch it */
+    }
+    if (exiting) {
+        uint32_t n = t_exiting_polls < 16 ? t_exiting_polls : 16;
+        int64_t poll = EXITING_POLL_NS << n;
+        t_exiting_polls++;
+        if (poll < until - mono_ns())
+            until = mono_ns() + poll;
+    } else {
+        t_exiting_polls = 0;
+    }
     if (deadline_ns >= 0 && deadline_ns < until)
         until = deadline_ns;
     /* An operator's handle (no slot) sleeps uncounted. */
-    struct shl_slot *me = h->self >= 0 ? &h->slots[h->self] : NULL;
+    int32_t self = self_slot(h);
+    struct shl_slot *me = self >= 0 ? &h->slots[self] : NULL;
     if (me)
         atomic_fetch_add_explicit(&me->waiting, 1, memory_order_relaxed);
     int probe = 0;
     int outcome = -1;
-    if (atomic_load_explicit(&g_have_waitv, memory_order_relaxed))
-        outcome = sleep_waitv(h, words, vals, nwords, watch, nwatch, until, &probe);
+    if (waitv)
+        outcome = sleep_waitv(h, words, vals, nwords, live, nlive, until, &probe);
     if (outcome < 0) {
         /* Without futex_waitv: sleep on the first word only, probing often. */
         int64_t cap = mono_ns() + NO_WAITV_PROBE_NS;
@@ -173,9 +245,17 @@ int sleep_and_probe(shl_lock *h, _Atomic uint32_t *const *words, const uint32_t 
     }
     if (me)
         atomic_fetch_sub_explicit(&me->waiting, 1, memory_order_relaxed);
+    /* After a death wake-up or a timeout: every watched slot, the exiting
+     * ones too (gone by now, perhaps).  A slot without a keeper that probes
+     * dead was reclaimed now, which changed the words: say so, even if the
+     * sleep itself timed out (the asyncio watcher then wakes its loops). */
     if (probe)
-        for (int k = 0; k < nwatch; k++)
-            probe_slot(h, (uint32_t)watch[k]);
+        for (int k = 0; k < nwatch; k++) {
+            int keeperless = !keeper_holds(h, (uint32_t)watch[k]);
+            if (probe_slot(h, (uint32_t)watch[k]) == PROBE_DEAD && keeperless &&
+                outcome == ETIMEDOUT)
+                outcome = 0;
+        }
     return outcome;
 }
 

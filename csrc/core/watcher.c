@@ -40,7 +40,9 @@
 struct shl_watcher {
     shl_lock *h;
     pthread_mutex_t mu;            /* guards everything below except kick */
-    _Atomic uint32_t kick;         /* bumped (and futex-woken) to re-read the spec */
+    _Atomic uint32_t kick;         /* bumped (release, and futex-woken) to re-read the
+                                      spec; the thread loads it with acquire before it
+                                      reads the spec under mu */
     uint64_t gen;                  /* generation of the current registrations */
     uint32_t n_state, n_drain;     /* parked attempts of this generation per word */
     uint32_t sexp, qexp;           /* the value they expect (state: sleeper bits ignored) */

@@ -14,6 +14,7 @@
 #include "fastpath.h"
 
 #include <string.h>
+#include <structmember.h>
 
 /* ========================================================= the awaitables */
 
@@ -210,6 +211,8 @@ typedef struct {
     PyObject *lock;             /* the RWLock: its name, and what park() needs */
     PyObject *hold;             /* a hold's __aenter__: the result, the TimeoutError */
     PyObject *parked;           /* the parking code's record while it may be parked */
+    PyObject *weakreflist;      /* the record refers to us weakly: a driver that drops a
+                                   parked attempt drops it, and dealloc withdraws it */
     const char *what;           /* the call, for messages */
     int state;
     int sent;                   /* awaited (sent) at least once */
@@ -522,7 +525,8 @@ static void warn_unawaited(AttemptObject *o)
 }
 
 /* The garbage collector's way in: a parked attempt is in a cycle with its
- * record (and with its task, when the loop went away). */
+ * task when the loop went away (task -> coroutine -> attempt, and the
+ * record's future -> the task's wake-up). */
 static void attempt_finalize(PyObject *self)
 {
     AttemptObject *o = (AttemptObject *)self;
@@ -557,9 +561,13 @@ static void attempt_dealloc(PyObject *self)
     AttemptObject *o = (AttemptObject *)self;
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (o->weakreflist != NULL)
+        PyObject_ClearWeakRefs(self);
     if (o->state != A_DONE) {
-        /* Not parked (a record would keep us alive): withdrawing needs no
-         * Python, and none may see us now. */
+        /* Dropped by its driver, parked or not: the parking record refers
+         * to us only weakly (its watcher registration is forgotten at the
+         * watcher's next wake-up, a spurious one at worst).  Withdrawing
+         * needs no Python, and none may see us now. */
         if (o->lock != NULL)
             warn_unawaited(o);
         o->state = A_DONE;
@@ -623,6 +631,11 @@ static int attempt_set_parked(PyObject *self, PyObject *value, void *closure)
     return 0;
 }
 
+static PyMemberDef attempt_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(AttemptObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
 static PyMethodDef attempt_methods[] = {
     {"send", attempt_send, METH_O, "send(value): try (again); yields a future to wait on."},
     {"throw", FASTCALL(attempt_throw), METH_FASTCALL,
@@ -650,6 +663,7 @@ static PyType_Slot attempt_slots[] = {
                         "withdraws when cancelled, closed or collected."},
     {Py_tp_new, FN_SLOT(no_new)},
     {Py_tp_methods, attempt_methods},
+    {Py_tp_members, attempt_members},
     {Py_tp_getset, attempt_getset},
     {Py_tp_iter, FN_SLOT(self_iter)},
     {Py_tp_iternext, FN_SLOT(attempt_next)},

@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 from ..lock import RWLock, unlink
-from ._common import CTX, _join_all, _name, _TempFile
+from ._common import CTX, NO_WAITV_ENV, _join_all, _name, _TempFile, in_fresh_process
 
 # ========================================================== kill-to-recovery
 
@@ -129,12 +129,16 @@ def _recovery_round(hold: Callable[[], Any], wait: Callable[[], Any]) -> float:
         _join_all([h], 5)
 
 
-def kill_to_recovery(rounds: int) -> Dict[str, Any]:
+def kill_to_recovery(rounds: int, only: str = "") -> Dict[str, Any]:
     """Time from SIGKILL of a holder to a blocked waiter in another process
     getting the lock.  multiprocessing, posix_ipc and pthread rwlocks are not
-    listed: their waiters never recover."""
+    listed: their waiters never recover.  pyshmlock is also measured on the
+    wait path of kernels before 5.16 (no futex_waitv), in a fresh process.
+    ``only``: the peers whose label starts with it."""
     rows: Dict[str, Any] = {}
     for label, factory in RECOVERY_PEERS:
+        if not label.startswith(only):
+            continue
         try:
             hold, wait, cleanup = factory()
         except ImportError as e:
@@ -148,4 +152,9 @@ def kill_to_recovery(rounds: int) -> Dict[str, Any]:
             rows[label] = {"error": repr(e)}
         finally:
             cleanup()
+    if not only:
+        slow = in_fresh_process("recovery", "kill_to_recovery", rounds, "pyshmlock",
+                                env={NO_WAITV_ENV: "1"})
+        for label, row in slow.items():
+            rows[f"{label}, no futex_waitv"] = row
     return rows

@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
 from ..lock import RWLock, unlink
-from ._common import CTX, _join_all, _make, _name, _pct
+from ._common import CTX, NO_WAITV_ENV, _join_all, _make, _name, _pct, in_fresh_process
 
 # ============================================================= pause-to-wake
 # Waiters loop: wait for the round to be armed, say "ready", block, record
@@ -222,13 +222,18 @@ GATE_PEERS: List[Callable[[], Any]] = [_PyshmlockGate, _PyshmlockAsyncGate, _Fut
                                         _EventGate, _PosixSemGate, _AsyncioEventfdGate]
 
 
-def pause_to_wake(counts: List[int], rounds: int) -> Dict[str, Any]:
-    """Time from the release call to the last of N blocked processes running."""
+def pause_to_wake(counts: List[int], rounds: int, only: str = "") -> Dict[str, Any]:
+    """Time from the release call to the last of N blocked processes running.
+    pyshmlock's resume() is also measured on the wait path of kernels before
+    5.16 (no futex_waitv), in a fresh process.  ``only``: the peers whose
+    label starts with it."""
     rows: Dict[str, Any] = {}
     for n in counts:
         for factory in GATE_PEERS:
             gate_impl, why = _make(factory)
             label = getattr(factory, "label", "?")
+            if not label.startswith(only):
+                continue
             if gate_impl is None:
                 rows[f"{label} x{n}"] = {"error": why}
                 continue
@@ -263,4 +268,9 @@ def pause_to_wake(counts: List[int], rounds: int) -> Dict[str, Any]:
                                         "primitive": label, "rounds": len(lat)}
             else:
                 rows[f"{label} x{n}"] = {"error": "waiters never woke"}
+    if not only:
+        slow = in_fresh_process("wake", "pause_to_wake", counts, rounds, "pyshmlock resume",
+                                env={NO_WAITV_ENV: "1"})
+        for label, row in slow.items():
+            rows[f"{label}, no futex_waitv"] = row
     return rows

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import httpx
 
-from .servers import Proc, Server
+from .servers import NAMES, Proc, Server
 
 CALL_TIMEOUT = 15.0
 
@@ -28,7 +28,7 @@ class Client:
         await self.http.aclose()
 
     def w(self, name: str) -> Proc:
-        return self.server.workers["ABCDEFGH".index(name)]
+        return self.server.workers[NAMES.index(name)]
 
     async def post(self, worker: str, path: str, body: Dict[str, Any],
                    timeout: float = CALL_TIMEOUT,
@@ -114,7 +114,7 @@ def settle(server: Server, bound: float = 30.0) -> None:
             live = [n for n, w in zip("ABCD", server.workers) if w.popen.poll() is None]
             for name in live:               # a continue per worker: SGLang's flags too
                 r = await c.resume(name, timeout=bound)
-                if r.status_code != 200 and server.backend == "pyshmlock":
+                if r.status_code != 200 and server.shared:
                     await force_resume(server)
                     await c.resume(name, timeout=bound)
             deadline = time.monotonic() + bound
@@ -135,9 +135,10 @@ async def force_resume(server: Server) -> None:
 
 
 def verdict(server: Server, violations: List[str], sglang_fails: bool) -> None:
-    """With SGLang's own locks, a known failure must show (the harness
-    catches it); with the integration, and for the scenarios SGLang passes,
-    nothing may be wrong."""
+    """With SGLang's own locks (also on an SGLang with the contrib/ hook,
+    unused), a known failure must show (the harness catches it); with the
+    integration (installed, or through the hook), and for the scenarios
+    SGLang passes, nothing may be wrong."""
     if server.backend == "sglang" and sglang_fails:
         assert violations, ("SGLang's own locks were expected to fail this scenario and "
                             "did not: the harness would not catch the failure")

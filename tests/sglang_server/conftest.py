@@ -1,11 +1,12 @@
-"""Fixtures of the real-SGLang suite: the venv, and one server per backend
+"""Fixtures of the real-SGLang suite: the venv of the release under test
+(PYSHMLOCK_SGLANG_VERSION, default the newest), and one server per backend
 shared by the scenarios (pytest groups the tests by backend, so one server
 runs at a time).  Skipped unless PYSHMLOCK_REAL_SGLANG=1."""
 
 import os
 import sys
 import time
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -16,9 +17,10 @@ ENABLED = os.environ.get("PYSHMLOCK_REAL_SGLANG") == "1"
 def pytest_collection_modifyitems(config: Any, items: Any) -> None:
     if ENABLED and sys.version_info[:2] == (3, 11):
         return
-    reason = ("the real-SGLang suite runs with PYSHMLOCK_REAL_SGLANG=1 (about 6 minutes; "
-              "the first run also builds its venv of torch 2.13 CPU and SGLang 0.5.23, about 2)"
-              if not ENABLED else "SGLang 0.5.23's wheel is for CPython 3.11")
+    reason = ("the real-SGLang suite runs with PYSHMLOCK_REAL_SGLANG=1 (about 8 minutes a "
+              "release; the first run also builds its venv of torch 2.13 CPU and SGLang, "
+              "about 1; PYSHMLOCK_SGLANG_VERSION chooses the release)"
+              if not ENABLED else "SGLang's wheels are for CPython 3.11")
     here = os.path.dirname(__file__)
     for item in items:
         if str(item.fspath).startswith(here):
@@ -30,13 +32,24 @@ def sglang_venv() -> Any:
     from . import sglang_venv as venv_module
 
     t0 = time.monotonic()
-    venv = venv_module.ensure()
-    TIMINGS["venv ready (this run), s"] = time.monotonic() - t0
+    venv = venv_module.ensure(hook=HOOK)
+    TIMINGS[f"SGLang {venv_module.release()} venv ready (this run), s"] = time.monotonic() - t0
     TIMINGS["venv build from scratch (when built), s"] = venv_module.build_seconds(venv)
     return venv
 
 
-@pytest.fixture(scope="session", params=["sglang", "pyshmlock"])
+def _backends() -> List[str]:
+    """PYSHMLOCK_SGLANG_BACKENDS, default both: SGLang's own locks and the
+    integration; with PYSHMLOCK_SGLANG_HOOK=1 (the venv's SGLang carries
+    contrib/sglang/'s patch) "sglang,hook"."""
+    default = "sglang,hook" if HOOK else "sglang,pyshmlock"
+    return os.environ.get("PYSHMLOCK_SGLANG_BACKENDS", default).split(",")
+
+
+HOOK = os.environ.get("PYSHMLOCK_SGLANG_HOOK") == "1"
+
+
+@pytest.fixture(scope="session", params=_backends())
 def server(request: Any, sglang_venv: Any) -> Iterator[Any]:
     from .servers import Server
 

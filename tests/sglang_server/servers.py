@@ -22,7 +22,7 @@ import httpx
 
 INSIDE = Path(__file__).resolve().parent / "inside"
 START_TIMEOUT = 240.0
-NAMES = "ABCDEFGH"
+NAMES = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def free_port() -> int:
@@ -53,8 +53,12 @@ class Proc:
 
 
 class Server:
-    """One server: backend "sglang" (SGLang's own locks) or "pyshmlock"
-    (pyshmlock.integrations.sglang installed in every worker)."""
+    """One server: backend "sglang" (SGLang's own locks), "pyshmlock"
+    (pyshmlock.integrations.sglang installed in every worker) or "hook"
+    (an SGLang with contrib/sglang/'s patch, its SGLANG_MODEL_UPDATE_GATE
+    naming pyshmlock's gate; nothing installed, nothing patched)."""
+
+    GATE = "pyshmlock.integrations.sglang:SharedModelUpdateGate"
 
     def __init__(self, backend: str, venv: Path) -> None:
         self.backend = backend
@@ -67,6 +71,11 @@ class Server:
         self.port_args: Any = None
         self.timings: Dict[str, float] = {}
         self.ended: set = set()          # pids ended on purpose
+
+    @property
+    def shared(self) -> bool:
+        """Whether the workers share pyshmlock's lock (installed or through the hook)."""
+        return self.backend in ("pyshmlock", "hook")
 
     # -- processes -----------------------------------------------------
 
@@ -82,15 +91,19 @@ class Server:
                    # SGLang names its IPC sockets with NamedTemporaryFile: keep
                    # them, and the ones it creates and drops, in this server's dir.
                    TMPDIR=str(self.dir))
+        if self.backend == "hook":
+            env["SGLANG_MODEL_UPDATE_GATE"] = self.GATE
         return env
 
-    def _spawn(self, name: str, script: str, *args: str, port: Optional[int] = None) -> Proc:
+    def _spawn(self, name: str, script: str, *args: str, port: Optional[int] = None,
+               env: Optional[Dict[str, str]] = None) -> Proc:
         ready = self.dir / f"{name}.ready"
         log = self.dir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen([self.python, str(INSIDE / script), *args],
                                      stdout=out, stderr=subprocess.STDOUT, cwd=INSIDE,
-                                     env=self._env(), stdin=subprocess.DEVNULL)
+                                     env={**self._env(), **(env or {})},
+                                     stdin=subprocess.DEVNULL)
         proc = Proc(name, popen, ready, log, port)
         self.procs.append(proc)
         return proc
@@ -136,26 +149,33 @@ class Server:
         for w in self.workers:
             self.warm_up(w)
 
-    def start_worker(self, wait: bool = True) -> Proc:
+    def start_worker(self, wait: bool = True, lock_name: Optional[str] = None) -> Proc:
+        """Start one more worker; `lock_name` gives it a lock of its own
+        (PYSHMLOCK_SGLANG_LOCK) instead of the server's."""
         index = len(self.workers)
         port = free_port()
         name = f"worker-{NAMES[index]}"
+        env = None if lock_name is None else {"PYSHMLOCK_SGLANG_LOCK": lock_name}
         proc = self._spawn(name, "worker.py", self.args, str(port),
-                           str(self.dir / f"{name}.ready"), self.backend, port=port)
+                           str(self.dir / f"{name}.ready"), self.backend, port=port, env=env)
         self.workers.append(proc)
         if wait:
             self._wait_ready([proc], START_TIMEOUT)
         return proc
 
-    def stop_worker(self, worker: Proc) -> None:
-        """End a worker a scenario started (it stays in the list, dead)."""
+    def stop_worker(self, worker: Proc, timeout: float = 8.0) -> None:
+        """End a worker a scenario started (it stays in the list, dead):
+        SIGTERM, then SIGKILL after `timeout` seconds."""
         self.ended.add(worker.pid)
         if worker.popen.poll() is None:
             worker.popen.terminate()
             try:
-                worker.popen.wait(timeout=8)
+                worker.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill(worker)
+
+    def name_of(self, worker: Proc) -> str:
+        return NAMES[self.workers.index(worker)]
 
     def warm_up(self, worker: Proc) -> None:
         r = httpx.post(self.url(worker, "/generate"), timeout=30,

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from .client import Client, run, verdict
+from .conftest import HOOK
 
 pytestmark = pytest.mark.timeout(600)   # includes starting the server, once per backend
 
@@ -76,7 +77,7 @@ def test_abort_pause_from_an_idle_worker_drains_every_worker(fresh):
             running = (await c.stats())["running"]
             if running:
                 violations.append(f"{len(running)} requests still generating after the pause")
-            if fresh.backend == "pyshmlock" and any(readers.values()):
+            if fresh.shared and any(readers.values()):
                 violations.append(f"read holds left when the pause returned: {readers}")
             done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
             hung = [d for d in done if isinstance(d, BaseException)]
@@ -122,7 +123,7 @@ def test_worker_started_while_paused_reports_and_obeys_the_pause(fresh):
     is_pause), answers a pause, and admits nothing until continue."""
     async def body(extra) -> List[str]:
         async with Client(fresh) as c:
-            name = "ABCDEFGH"[fresh.workers.index(extra)]
+            name = fresh.name_of(extra)
             violations = []
             state = await c.state(name)
             ready = await c.http.get(fresh.url(extra, "/ready"), timeout=5)
@@ -158,3 +159,81 @@ def test_worker_started_while_paused_reports_and_obeys_the_pause(fresh):
     finally:
         fresh.stop_worker(extra)
     verdict(fresh, violations, sglang_fails=True)
+
+
+def test_pause_and_continue_landing_together_on_one_worker_both_return(fresh):
+    """/pause_generation and /continue_generation sent to worker A at the
+    same moment (two controllers, or a client retrying after a timeout),
+    7 rounds, either one first by up to 20 ms: each call returns on its own
+    (SGLang keeps one pending future per worker, which the second call
+    overwrites, so the first is never resolved)."""
+    async def body() -> List[str]:
+        rng = random.Random(33696)
+        violations: List[str] = []
+        async with Client(fresh) as c:
+            for rnd in range(7):
+                first, lag = rng.choice(["pause", "continue"]), rng.uniform(0.0, 0.02)
+
+                async def call(what: str, delay: float) -> str:
+                    await asyncio.sleep(delay)
+                    try:
+                        r = await (c.pause("A") if what == "pause" else c.resume("A", 5.0))
+                        return f"{r.status_code}"
+                    except httpx.TimeoutException:
+                        return "hung"
+                pause_lag, resume_lag = (0.0, lag) if first == "pause" else (lag, 0.0)
+                got = await asyncio.gather(call("pause", pause_lag), call("continue", resume_lag))
+                hung = [w for w, g in zip(("pause", "continue"), got) if g == "hung"]
+                if hung:
+                    violations.append(f"round {rnd} ({first} first by {lag * 1000:.0f} ms): "
+                                      f"{' and '.join(hung)} did not return in 5 s")
+                # Sequentially now: every worker and the scheduler running again.
+                for w in "ABCD":
+                    await c.resume(w, timeout=10)
+            results = await asyncio.gather(*(c.generate(w, 3, timeout=10) for w in "ABCD"),
+                                           return_exceptions=True)
+            stuck = [w for w, r in zip("ABCD", results)
+                     if isinstance(r, BaseException) or r.status_code != 200]
+            if stuck:
+                violations.append(f"afterwards requests to {stuck} did not complete")
+        return violations
+    # contrib/sglang/'s patch also fixes this in SGLang's own TokenizerWorker.
+    verdict(fresh, run(body(), 150), sglang_fails=not HOOK)
+
+
+def test_abort_pause_returns_when_the_last_request_ends(fresh):
+    """Abort-mode pause at A with requests in flight on A, B and C, 3
+    rounds: the pause returns within 100 ms (median) of the last of them
+    ending, and within 100 ms (median) when nothing is in flight (SGLang's
+    drain looks once a second)."""
+    async def one(c: Client, inflight: bool) -> float:
+        ends: List[float] = []
+
+        async def request(w: str) -> None:
+            try:
+                await c.generate(w, 3000, timeout=30)
+            finally:
+                ends.append(time.monotonic())
+        tasks = [asyncio.ensure_future(request(w)) for w in ("ABC" if inflight else "")]
+        if inflight:
+            await c.wait_running(3)
+        started = time.monotonic()
+        assert (await c.pause("A", "abort", timeout=30)).status_code == 200
+        returned = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
+        assert (await c.resume("B")).status_code == 200
+        return returned - (max(ends) if inflight else started)
+
+    async def body() -> List[str]:
+        violations: List[str] = []
+        async with Client(fresh) as c:
+            for inflight in (True, False):
+                lags = sorted([await one(c, inflight) for _ in range(3)])
+                what = ("after the last request ended" if inflight else
+                        "with nothing in flight")
+                print(f"abort pause returned {what}: {[round(x * 1000) for x in lags]} ms")
+                if lags[1] > 0.1:
+                    violations.append(f"the abort pause returned {lags[1] * 1000:.0f} ms "
+                                      f"(median of 3) {what}")
+        return violations
+    verdict(fresh, run(body(), 120), sglang_fails=True)

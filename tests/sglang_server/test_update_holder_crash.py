@@ -25,12 +25,12 @@ def test_continue_refuses_after_the_updater_died_until_recovered(fresh, request,
     if fresh.backend == "sglang" and recovery == "forced":
         pytest.skip("SGLang's own locks have nothing to force: the completed_update "
                     "case shows their failure")
-    if fresh.backend == "pyshmlock" and not HAS_SUSPECT:
+    if fresh.shared and not HAS_SUSPECT:
         request.applymarker(pytest.mark.xfail(
             strict=True, reason="needs resume() raising DataSuspectError (from main)"))
     extra = fresh.start_worker()
     fresh.warm_up(extra)
-    name = "ABCDEFGH"[fresh.workers.index(extra)]
+    name = fresh.name_of(extra)
 
     async def body() -> List[str]:
         async with Client(fresh) as c:
@@ -52,7 +52,7 @@ def test_continue_refuses_after_the_updater_died_until_recovered(fresh, request,
                                      if stats["loading"] else ""))
             elif not (await c.state("C"))["is_pause"]:
                 violations.append("continue refused, yet the gate opened")
-            if fresh.backend == "pyshmlock" and r.status_code != 200:
+            if fresh.shared and r.status_code != 200:
                 await c.configure(update_seconds=0.3)
                 await c.event_time("load_end", after=t0, timeout=10)  # the dead one's load
                 again = await c.resume("B", timeout=10)

@@ -143,6 +143,11 @@ class Scheduler:
         elif isinstance(obj, io.UpdateWeightFromDiskReqInput):
             self.load_weights(obj, self.update_seconds, io.UpdateWeightFromDiskReqOutput,
                               whole=True)
+        elif isinstance(obj, io.UpdateWeightVersionReqInput):
+            # SGLang's scheduler records the label for the tokens it stamps
+            # and answers; the tokenizer side records it on its own.
+            self._event("weight_version", new_version=obj.new_version)
+            self.reply(io.UpdateWeightVersionReqOutput(), obj)
         elif isinstance(obj, io.BeginWeightUpdateReqInput):
             if self.session is not None:
                 self.reply(io.BeginWeightUpdateReqOutput(

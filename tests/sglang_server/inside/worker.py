@@ -7,9 +7,11 @@ port_args)), and the handlers build the same request objects and call the
 same TokenizerWorker methods as SGLang 0.5.23's http_server handlers of the
 same paths.  http_server itself does not import without a GPU.
 
-Usage: worker.py ARGS HTTP_PORT READY {sglang|pyshmlock}.  With
+Usage: worker.py ARGS HTTP_PORT READY {sglang|pyshmlock|hook}.  With
 `pyshmlock`, pyshmlock.integrations.sglang.install() runs first (the lock
-name comes from PYSHMLOCK_SGLANG_LOCK)."""
+name comes from PYSHMLOCK_SGLANG_LOCK); with `hook`, nothing is installed:
+an SGLang with contrib/sglang/'s patch builds pyshmlock's gate itself
+(SGLANG_MODEL_UPDATE_GATE)."""
 
 import os
 import sys
@@ -47,7 +49,14 @@ def make_app(args: Dict[str, Any], ready_path: str, backend: str) -> Any:
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         STATE["tm"] = build_worker(args)
-        boot.write_ready(ready_path, ipc=STATE["tm"].tokenizer_ipc_name, backend=backend)
+        gate = getattr(STATE["tm"], "model_update_gate", None)
+        if backend == "hook":
+            from pyshmlock.integrations import sglang as integration
+
+            assert not integration.installed(), "the hook backend must patch nothing"
+            assert type(gate).__name__ == "SharedModelUpdateGate", type(gate)
+        boot.write_ready(ready_path, ipc=STATE["tm"].tokenizer_ipc_name, backend=backend,
+                         gate=type(gate).__module__ + "." + type(gate).__name__)
         yield
 
     app = FastAPI(lifespan=lifespan)
@@ -109,6 +118,28 @@ def make_app(args: Dict[str, Any], ready_path: str, backend: str) -> Any:
         return ORJSONResponse({"success": success, "message": message},
                               status_code=200 if success else 400)
 
+    @app.get("/model_info")
+    async def model_info() -> Dict[str, Any]:
+        # SGLang's /model_info (and deprecated /get_model_info): the fields a
+        # client reads the served weights from, read the same way.
+        return {"model_path": tm().model_path, "served_model_name": tm().served_model_name,
+                "weight_version": tm().config_value("weight_version"),
+                "load_format": tm().config_value("load_format")}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(obj: Annotated[io.UpdateWeightVersionReqInput, Body()],
+                                    request: Request) -> Any:
+        if obj.abort_all_requests:
+            tm().abort_request(abort_all=True)
+        try:
+            await tm().update_weight_version(obj)
+            return ORJSONResponse({"success": True, "new_version": obj.new_version,
+                                   "message": f"Weight version updated to {obj.new_version}"})
+        except Exception as e:
+            return ORJSONResponse({"success": False,
+                                   "message": f"Failed to update weight version: {e!s}"},
+                                  status_code=400)
+
     @app.post("/begin_weight_update")
     async def begin_weight_update(obj: Annotated[io.BeginWeightUpdateReqInput, Body()],
                                   request: Request) -> Any:
@@ -132,6 +163,8 @@ def main() -> None:
         from pyshmlock.integrations import sglang as integration
 
         integration.install()
+    elif backend == "hook":             # SGLang's own hook picks the gate: nothing patched
+        from sglang.srt.managers import model_update_gate  # noqa: F401  (the patched SGLang)
     elif backend != "sglang":
         raise SystemExit(f"unknown backend {backend!r}")
     import uvicorn
