@@ -15,7 +15,17 @@ One table, :data:`METRICS`, says which metrics exist; both outputs read it:
 Every sample carries a ``lock="NAME"`` label.  Looking at a lock attaches
 nothing (see :func:`pyshmlock.inspect`), so a scraper never takes a
 process slot and never shows up among the lock's processes.
+
+A fleet controller (``pyshmlock.cluster.Cluster``) keeps histograms of its
+own calls in :class:`ClusterMetrics` (``fleet.metrics``): how long each
+pause took until every host was paused (``drain="false"``) or drained
+(``drain="true"``), how long each update took to hold the fleet, and how
+long it held it; ``fleet.metrics.exposition()`` renders them, and
+:class:`ClusterCollector` hands them to ``prometheus_client``::
+
+      REGISTRY.register(ClusterCollector(fleet))
 """
+import threading
 import time
 from typing import (
     Any,
@@ -33,8 +43,8 @@ from typing import (
 
 from .lock import LockInfo
 
-__all__ = ["LOCK_METRICS", "METRICS", "LockCollector", "Metric", "Unreadable", "exposition",
-           "look", "samples"]
+__all__ = ["CLUSTER_BUCKETS", "LOCK_METRICS", "METRICS", "ClusterCollector", "ClusterMetrics",
+           "Histogram", "LockCollector", "Metric", "Unreadable", "exposition", "look", "samples"]
 
 
 class Metric(NamedTuple):
@@ -221,4 +231,114 @@ class LockCollector:
     def describe(self) -> Iterator[Any]:
         """No families up front: prometheus_client then calls collect() on
         registration only to learn names, which costs one snapshot."""
+        return iter(())
+
+
+# ------------------------------------------------------------- a fleet's calls
+#: Seconds: from a few milliseconds (a pause of a quiet fleet) to ten minutes
+#: (an update of a large model).
+CLUSTER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0, 600.0)
+
+
+class Histogram:
+    """One Prometheus histogram family: cumulative buckets, sum and count
+    per label set.  Observed from the controller's loop thread, read by a
+    scraper's: a plain lock keeps a scrape consistent (never taken in a
+    finaliser)."""
+
+    def __init__(self, name: str, help: str, labels: Sequence[str],
+                 buckets: Sequence[float] = CLUSTER_BUCKETS) -> None:
+        self.name, self.help, self.labels = name, help, tuple(labels)
+        self.buckets = tuple(sorted(buckets))
+        self._mu = threading.Lock()
+        self._series: Dict[Tuple[str, ...], List[float]] = {}
+
+    def observe(self, seconds: float, *values: str) -> None:
+        with self._mu:
+            s = self._series.setdefault(tuple(values), [0.0] * (len(self.buckets) + 2))
+            for i, le in enumerate(self.buckets):
+                if seconds <= le:
+                    s[i] += 1
+            s[-2] += seconds
+            s[-1] += 1
+
+    def series(self) -> List[Tuple[Dict[str, str], List[Tuple[str, float]], float, float]]:
+        """(labels, [(le, cumulative count)...] with "+Inf" last, sum, count)."""
+        with self._mu:
+            items = sorted(self._series.items())
+            out = []
+            for values, s in items:
+                buckets = [(repr(le), s[i]) for i, le in enumerate(self.buckets)]
+                buckets.append(("+Inf", s[-1]))
+                out.append((dict(zip(self.labels, values)), buckets, s[-2], s[-1]))
+            return out
+
+
+class ClusterMetrics:
+    """The histograms of one controller (``fleet.metrics``), labelled with
+    its cluster's name."""
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.pause = Histogram(
+            "pyshmlock_cluster_pause_seconds",
+            "pause(): from the call until every host acknowledged the pause (drain=\"true\": "
+            "and drained its reads)", ["drain"])
+        self.update_acquire = Histogram(
+            "pyshmlock_cluster_update_acquire_seconds",
+            "update(): from the call until the update lock was held and every host paused "
+            "and drained", [])
+        self.update_hold = Histogram(
+            "pyshmlock_cluster_update_hold_seconds",
+            "update(): how long the update lock held the fleet (outcome=\"failed\": the "
+            "block raised; the fleet stayed paused)", ["outcome"])
+        self.resume = Histogram(
+            "pyshmlock_cluster_resume_seconds",
+            "resume(wait=True): from the call until every current host reopened", [])
+        self.families = (self.pause, self.update_acquire, self.update_hold, self.resume)
+
+    def exposition(self) -> str:
+        """The Prometheus text exposition format (version 0.0.4)."""
+        out: List[str] = []
+        for h in self.families:
+            rows = h.series()
+            if not rows:
+                continue
+            out.append(f"# HELP {h.name} {h.help}")
+            out.append(f"# TYPE {h.name} histogram")
+            for labels, buckets, total, count in rows:
+                base = [("cluster", self.cluster), *labels.items()]
+                text = ",".join(f'{k}="{_escape(v)}"' for k, v in base)
+                for le, n in buckets:
+                    out.append(f'{h.name}_bucket{{{text},le="{le}"}} {_num(n)}')
+                out.append(f"{h.name}_sum{{{text}}} {total!r}")
+                out.append(f"{h.name}_count{{{text}}} {_num(count)}")
+        return "\n".join(out) + "\n"
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if v == int(v) else repr(v)
+
+
+class ClusterCollector:
+    """A ``prometheus_client`` collector of a controller's histograms
+    (``REGISTRY.register(ClusterCollector(fleet))``; ``fleet`` is a Cluster
+    or an AsyncCluster)."""
+
+    def __init__(self, fleet: Any) -> None:
+        self.metrics: ClusterMetrics = fleet.metrics
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+        for h in self.metrics.families:
+            rows = h.series()
+            if not rows:
+                continue
+            fam = HistogramMetricFamily(h.name, h.help, labels=["cluster", *h.labels])
+            for labels, buckets, total, _count in rows:
+                fam.add_metric([self.metrics.cluster, *labels.values()], buckets, total)
+            yield fam
+
+    def describe(self) -> Iterator[Any]:
         return iter(())

@@ -165,15 +165,17 @@ def test_lost_agent_fails_closed_and_is_reported(hosts, how):
         r = c.pause(timeout=15)
         t_ret = now()
         assert r.lost == ["h1"] and r.acknowledged == ["h0", "h2"], r
-        # the host stopped admitting within one TTL of losing contact
+        # the host stopped admitting within one TTL of losing contact, and
+        # no later than the result said (its own lease closed it)
         assert victim.admitted_after(t_lost + TTL + SLACK) == []
+        assert victim.admitted_after(t_ret + r.closing["h1"] + SLACK) == []
         time.sleep(0.3)
-        assert victim.admitted_after(t_ret) == []
+        assert victim.admitted_after(t_ret + r.closing["h1"] + SLACK) == []
         if how == "SIGSTOP":
             victim.signal_agent(signal.SIGCONT)        # it re-registers, mirrors the pause
             wait_for(lambda: c.status().hosts.get("h1", {}).get("mirrored", -1) >= r.revision,
                       15, "h1 re-registered and mirrored the pause")
-            assert victim.admitted_after(t_ret) == []
+            assert victim.admitted_after(t_ret + r.closing["h1"] + SLACK) == []
             c.resume(timeout=5)
             victim.wait_admitting()
         else:
@@ -191,8 +193,11 @@ def test_whole_host_killed_restarts_paused(hosts):
     victim.wait_admitting()
     victim.kill_all()
     r = c.pause(timeout=15)
-    assert "h0" in r.lost or "h0" not in r.acknowledged
-    t_paused = now()
+    assert r.lost == ["h0"] and r.acknowledged == ["h1"], r
+    # The pause did not wait for the dead host: its lease closes it within
+    # r.closing; from then on nothing is admitted there.
+    t_paused = now() + r.closing["h0"] + SLACK
+    time.sleep(max(0.0, t_paused - now()))
     # workers first (the segment survives, its lease has run out), then the agent
     victim.start_workers()
     time.sleep(0.5)
@@ -317,3 +322,33 @@ def test_pause_during_unpaused_update_survives_its_release(etcd):
     st = c.status()
     c.close()
     assert st.paused and st.update is None, st.gate
+
+
+def test_pause_and_update_durations_are_prometheus_histograms(hosts):
+    """A controller records what RL users chart: how long each pause took
+    to have every host paused (and drained), and how long each update held
+    the fleet, as Prometheus histograms, in the text format and through
+    prometheus_client."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pyshmlock.metrics import ClusterCollector
+    c, _hs = hosts(1, workers=0)
+    c.pause(timeout=15)
+    c.pause(timeout=15, drain=True)
+    with c.update(timeout=15):
+        pass
+    c.resume(timeout=10)
+    text = c.metrics.exposition()
+    label = f'cluster="{c.name}"'
+    assert "# TYPE pyshmlock_cluster_pause_seconds histogram" in text
+    assert f'pyshmlock_cluster_pause_seconds_count{{{label},drain="false"}} 1' in text
+    assert f'pyshmlock_cluster_pause_seconds_count{{{label},drain="true"}} 1' in text
+    assert f'pyshmlock_cluster_pause_seconds_bucket{{{label},drain="true",le="+Inf"}} 1' in text
+    assert "# TYPE pyshmlock_cluster_update_hold_seconds histogram" in text
+    assert f'pyshmlock_cluster_update_hold_seconds_count{{{label},outcome="completed"}} 1' \
+        in text
+    reg = CollectorRegistry()
+    reg.register(ClusterCollector(c))
+    scraped = generate_latest(reg).decode()
+    assert f'pyshmlock_cluster_pause_seconds_count{{{label},drain="true"}} 1.0' in scraped
+    assert "pyshmlock_cluster_update_hold_seconds_bucket" in scraped

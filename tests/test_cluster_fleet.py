@@ -72,6 +72,170 @@ def test_cancelled_async_update_leaves_nothing_held(fleet, etcd):
     asyncio.run(asyncio.wait_for(go(), 80))
 
 
+# --------------------------------------------------- a host that crashed
+def test_a_crashed_host_is_reported_lost_before_its_registration_expires(fleet):
+    """A host whose agent was killed (a crashed machine or pod) does not
+    stall the next pause until its registration expires (a TTL: 20 s here):
+    the pause returns once the host's etcd lease shows its agent silent,
+    naming it lost with the bound its own lease keeps (it admits nothing
+    later than ``r.closing[host]`` seconds after the pause returned)."""
+    c, hs = fleet(2, workers=1, ttl=20)
+    victim = hs[1]
+    victim.wait_admitting()
+    victim.signal_agent(signal.SIGKILL)
+    r = c.pause(timeout=40)
+    t_ret = now()
+    assert r.acknowledged == ["h0"] and r.lost == ["h1"], r
+    assert "h1" in c.status().hosts, "the pause waited for the registration to expire"
+    closing = r.closing["h1"]
+    assert 0 < closing <= 0.75 * 20 + 1
+    wait_for(lambda: victim.last_admission() is not None
+             and now() - victim.last_admission() > 1.0, closing + 5, "h1 closed")
+    assert victim.last_admission() < t_ret + closing + SLACK
+
+
+# ------------------------------------------------ one agent, many locks
+def test_one_agent_serves_every_lock_of_its_host(fleet):
+    """One agent per host, for all its locks (one per engine): one
+    registration naming them, one pause acknowledged for all of them, and a
+    killed agent closes every one of them by the lease (without its help)."""
+    import pyshmlock
+    c, hs = fleet(2, workers=1, locks=3)
+    st = c.status()
+    assert sorted(st.hosts) == ["h0", "h1"]
+    for h in hs:
+        assert sorted(st.hosts[h.id]["locks"]) == sorted(h.lock_names)
+        h.wait_admitting()
+    r = c.pause(timeout=15)
+    t = now()
+    assert r.acknowledged == ["h0", "h1"]
+    time.sleep(0.3)
+    assert all(h.admitted_after(t) == [] for h in hs)
+    c.resume(timeout=10, wait=True)                 # returns once every lock is open
+    for h in hs:
+        for n in h.lock_names:
+            lk = pyshmlock.RWLock(n, create=False, stale="keep")
+            try:
+                assert not lk.paused, n
+            finally:
+                lk.close()
+        h.wait_admitting()                          # every lock admits again
+    victim = hs[1]
+    victim.signal_agent(signal.SIGKILL)
+    t_kill = now()
+    locks = [pyshmlock.RWLock(n, create=False, stale="keep") for n in victim.lock_names]
+    try:
+        wait_for(lambda: all(lk.paused for lk in locks), TTL + 5, "every lock closed")
+    finally:
+        for lk in locks:
+            lk.close()
+    for n in victim.lock_names:
+        assert victim.admitted_after(t_kill + 0.75 * TTL + SLACK, lock=n) == []
+
+
+def _quiet_revision(etcd, still=1.5, timeout=20):
+    """etcd's revision once nothing has been written for ``still`` seconds."""
+    t_end = now() + timeout
+    rev = _revision(etcd)
+    since = now()
+    while now() - since < still:
+        assert now() < t_end, "etcd never went quiet"
+        time.sleep(0.1)
+        cur = _revision(etcd)
+        if cur != rev:
+            rev, since = cur, now()
+    return rev
+
+
+def test_a_pause_costs_one_etcd_write_whatever_the_fleet(fleet, etcd):
+    """Hosts acknowledge a controller directly: a pause of 4 hosts of 2
+    locks writes the gate and nothing else in etcd until it returns (with
+    acknowledgements in etcd, as one-shot commands ask, it was one write per
+    host more).  The hosts write their status once it has settled."""
+    from pyshmlock.cluster import Cluster
+    c, hs = fleet(4, workers=0, locks=2)
+    c.resume(timeout=10)
+    before = _quiet_revision(etcd)
+    r = c.pause(timeout=15)
+    after = _revision(etcd)
+    assert r.acknowledged == ["h0", "h1", "h2", "h3"]
+    assert after - before == 1, f"{after - before} writes for one pause of 4 hosts"
+    wait_for(lambda: all(v.get("mirrored", -1) >= r.revision and v.get("paused")
+                         for v in c.status().hosts.values()), 10, "status written")
+    with Cluster(etcd.endpoints, c.name, acks="etcd") as old_way:
+        before = _quiet_revision(etcd)
+        r = old_way.pause(timeout=15)
+        assert _revision(etcd) - before >= 1 + 4
+    c.resume(timeout=10)
+
+
+def test_acknowledgements_reach_a_controller_whose_port_is_closed_through_etcd(fleet):
+    """A controller whose acknowledgement port the hosts cannot reach (a
+    firewall, a controller behind NAT): each host, unanswered, writes its
+    acknowledgement in etcd, and the pause completes all the same."""
+    c, hs = fleet(2, workers=1)
+    c.pause(timeout=15)                        # the controller's port is open and known
+    rcv = c.a.waits.receiver
+    c._loop.loop.call_soon_threadsafe(rcv.close)
+    wait_for(lambda: rcv.sock is None, 5, "port closed")
+    c.resume(timeout=10)
+    t = now()
+    r = c.pause(timeout=15)
+    t_ret = now()
+    assert r.acknowledged == ["h0", "h1"] and r.lost == []
+    time.sleep(0.3)
+    assert all(h.admitted_after(t_ret) == [] for h in hs)
+    assert t_ret - t >= 0.3                    # it waited for the hosts' writes to etcd
+    c.resume(timeout=10)
+
+
+@pytest.mark.parametrize("forgery", ["another key", "another registration"])
+def test_a_forged_acknowledgement_is_not_counted(fleet, forgery):
+    """An acknowledgement datagram that is not sealed with the controller's
+    key, or that names another registration of the host, does not count:
+    a host whose agent is stopped is reported lost, not acknowledged."""
+    import base64
+    import socket
+
+    from pyshmlock.cluster._acks import _ACK, new_key, pack, seal
+    c, hs = fleet(2, workers=1)
+    c.pause(timeout=15)
+    rcv = c.a.waits.receiver
+    cr = c.a.mirror.state.host_create["h1"]
+    key, reg = base64.b64decode(rcv.key_text), cr
+    if forgery == "another key":
+        key = base64.b64decode(new_key())
+    else:
+        reg = cr + 10**6
+    rep = pack({"mirrored": 10**9, "paused": True, "drained": True, "locks": {
+        hs[1].lock_name: {"paused": True, "drained": True, "suspect": False,
+                          "standing": "current", "applied": 0, "users": 1}}})
+    hs[1].signal_agent(signal.SIGSTOP)
+    try:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stop = threading.Event()
+
+        def forge():
+            q = 10**9
+            while not stop.is_set():
+                q += 1
+                sock.sendto(seal(key, _ACK, {"c": c.name, "h": "h1", "g": reg, "q": q,
+                                             "r": rep}), rcv.address)
+                time.sleep(0.01)
+
+        t = threading.Thread(target=forge)
+        t.start()
+        try:
+            r = c.pause(timeout=30)
+        finally:
+            stop.set()
+            t.join(5)
+            sock.close()
+        assert r.acknowledged == ["h0"] and r.lost == ["h1"], r
+    finally:
+        hs[1].signal_agent(signal.SIGCONT)
+
+
 # ------------------------------------------------------- duplicate host id
 def test_duplicate_host_id_is_refused(fleet, etcd, tmp_path):
     """A second live agent with a host id already registered refuses
@@ -105,12 +269,13 @@ def test_host_that_missed_an_update_stays_paused(fleet):
     t = now()
     time.sleep(1.0)
     assert victim.admitted_after(t) == [], "a host that missed the update serves"
-    assert c.status().hosts["h1"].get("behind") is True
+    wait_for(lambda: c.status().hosts["h1"].get("behind") is True, 10, "h1 reported behind")
     hs[0].wait_admitting()
     with c.update(timeout=15) as u:                 # brought up to date
         assert u.result.acknowledged == ["h0", "h1"]
     victim.wait_admitting()
-    assert not c.status().hosts["h1"].get("behind")
+    wait_for(lambda: not c.status().hosts["h1"].get("behind"), 10,
+             "h1 reported current (a host writes its status once it settles)")
 
 
 # --------------------------------------------------------- racing pauses

@@ -52,14 +52,19 @@ PUSHER = textwrap.dedent("""
 
 
 def test_a_stale_updater_is_refused_at_every_host(fleet, tmp_path, etcd):
-    """An updater stopped inside `with fleet.update()` past its
-    lease loses the lock; another controller resumes; the stale updater
-    wakes and keeps pushing chunks through lock.fenced_update(token): every
-    one is refused at every host (none lands while the hosts serve)."""
+    """An updater stopped inside `with fleet.update()` past its lease loses
+    the lock, having applied part of its update at every host; another
+    controller resumes: the hosts stay paused, reported as holding part of
+    an update the fleet did not complete (they never serve it); that
+    controller's own update brings them current and they serve.  The stale
+    updater wakes and keeps pushing chunks through lock.fenced_update(token):
+    every one is refused at every host."""
+    import pyshmlock
     c, hs = fleet(2, workers=1)
     log = str(tmp_path / "pusher.log")
     p = subprocess.Popen([sys.executable, "-c", PUSHER, ",".join(etcd.endpoints), c.name, log]
                          + [h.lock_name for h in hs])
+    locks = [pyshmlock.RWLock(h.lock_name, create=False, stale="keep") for h in hs]
     try:
         wait_for(lambda: os.path.exists(log) and open(log).read().count("applied") >= 10, 20,
                  "the updater applies chunks")
@@ -67,6 +72,16 @@ def test_a_stale_updater_is_refused_at_every_host(fleet, tmp_path, etcd):
         t_stop = now()
         wait_for(lambda: c.status().update is None, 3 * TTL + 5, "its lease ran out")
         c.resume(timeout=10)                          # another controller reopens
+        t_resumed = now()
+        wait_for(lambda: all(any(v.get("standing") == "partial"
+                                 for v in c.status().hosts.get(h.id, {}).get("locks", {})
+                                 .values()) for h in hs), 10, "the hosts report a partial update")
+        assert all(h.admitted_after(t_resumed) == [] for h in hs), "a partial update was served"
+        with c.update(timeout=15) as u:               # the fleet's own update reaches them
+            for lk in locks:
+                with lk.fenced_update(u.token, timeout=5):
+                    pass
+        c.resume(timeout=10)
         for h in hs:
             h.wait_admitting(10)
         t_open = now()
@@ -77,6 +92,8 @@ def test_a_stale_updater_is_refused_at_every_host(fleet, tmp_path, etcd):
         os.kill(p.pid, signal.SIGCONT)
         p.kill()
         p.wait(10)
+        for lk in locks:
+            lk.close()
     lines = open(log).read().split("\n")
     applied = [float(ln.split()[2]) for ln in lines if ln.startswith("applied")]
     refused = [float(ln.split()[2]) for ln in lines if ln.startswith("refused")]
@@ -84,12 +101,38 @@ def test_a_stale_updater_is_refused_at_every_host(fleet, tmp_path, etcd):
     late = [t for t in applied if t > t_stop]
     assert late == [], f"{len(late)} stale chunks applied after the updater was stopped"
     for h in hs:
-        import pyshmlock
         lk = pyshmlock.RWLock(h.lock_name, create=False, stale="keep")
         try:
             assert lk.fence > int(lines[0].split()[1])   # the fence moved past the token
         finally:
             lk.close()
+
+
+def test_a_hosts_refusal_is_the_clusters_fencing_error(fleet):
+    """A host's refusal of a stale token (lock.fenced_update raises
+    pyshmlock.FencingError) is caught by `except pyshmlock.cluster.FencingError`
+    as well, and the cluster's own refusal by `except pyshmlock.FencingError`:
+    one class for the one condition."""
+    import pyshmlock
+    import pyshmlock.cluster
+    c, hs = fleet(1, workers=0)
+    lk = pyshmlock.RWLock(hs[0].lock_name, create=False, stale="keep")
+    try:
+        with c.update(timeout=15) as u:
+            token = u.token
+        wait_for(lambda: lk.fence > token, 10, "the agent raised the fence past the token")
+        with pytest.raises(pyshmlock.cluster.FencingError):
+            with lk.fenced_update(token, timeout=5):
+                pass
+        u = c.update(timeout=15)
+        u.__enter__()
+        c._run(c.a.etcd.lease_revoke(u.lease))         # as if its lease expired
+        with pytest.raises(pyshmlock.FencingError):
+            u.check()
+        with pytest.raises(pyshmlock.cluster.FencingError):
+            u.__exit__(None, None, None)
+    finally:
+        lk.close()
 
 
 def _write_setting(d, lock, cluster, content=None):

@@ -113,14 +113,15 @@ def test_cut_off_host_fails_closed_and_rejoins(fleet, lab):
     r = c.pause(timeout=20)
     t_ret = now()
     assert r.acknowledged == ["h0"] and r.lost == ["h1"], r
+    time.sleep(r.closing["h1"] + 0.3)           # closed by its own lease by then
     stop_after = victim.last_admission() - t_cut
     assert stop_after < 0.75 * ttl + SLACK, stop_after
-    time.sleep(0.3)
-    assert victim.admitted_after(t_ret) == []
+    t_closed = t_ret + r.closing["h1"] + SLACK
+    assert victim.admitted_after(t_closed) == []
     lab.heal("h1")
     wait_for(lambda: c.status().hosts.get("h1", {}).get("mirrored", -1) >= r.revision, 20,
              "h1 re-registered and mirrored the pause")
-    assert victim.admitted_after(t_ret) == []
+    assert victim.admitted_after(t_closed) == []
     c.resume(timeout=10)
     victim.wait_admitting(15)
 
@@ -215,9 +216,11 @@ def test_duplicate_id_with_one_cut_off(fleet, lab, tmp_path):
              "the live agent mirrored the pause")
     assert a.last_admission() - t_cut < 0.75 * ttl + SLACK
     time.sleep(0.3)
-    assert a.admitted_after(t_ret) == [] and b.admitted_after(t_ret) == []
+    # the cut-off agent, if the pause counted it lost: closed within its bound
+    t_closed = t_ret + r.closing.get("h0", 0.0) + SLACK
+    assert a.admitted_after(t_closed) == [] and b.admitted_after(t_ret) == []
     lab.heal("h0")                                    # the first one comes back: refused
     rc = a.agent.wait(4 * ttl + 15)
     assert rc == 2, a.agent_text()
     assert "already registered" in a.agent_text()
-    assert a.admitted_after(t_ret) == []
+    assert a.admitted_after(t_closed) == []

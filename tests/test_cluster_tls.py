@@ -126,7 +126,8 @@ def test_private_ca_and_client_certificates(mtls_etcd, pki, tmp_path):
                  key=pki["stranger.key"]) as c, \
             pytest.raises(CertificateError, match="certificate"):
         c.status(timeout=5)
-    tls = ["--ca", pki["ca.crt"], "--cert", pki["client.crt"], "--key", pki["client.key"]]
+    # etcdctl's spelling (--cacert), which operators already type.
+    tls = ["--cacert", pki["ca.crt"], "--cert", pki["client.crt"], "--key", pki["client.key"]]
     hs = [Host(eps, name, f"h{i}", str(tmp_path), workers=1, ttl=2, agent_args=tls)
           for i in range(2)]
     try:

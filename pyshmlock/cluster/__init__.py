@@ -29,11 +29,12 @@ __all__ = [
     "MissingHostsError",
     "PauseResult",
     "QuotaError",
+    "UpdateLostError",
 ]
 
 _ERRORS = {"AuthenticationError", "CertificateError", "ClusterError", "ClusterTimeout",
            "DuplicateHostError", "EtcdError", "EtcdUnavailable", "FencingError",
-           "MissingHostsError", "QuotaError"}
+           "MissingHostsError", "QuotaError", "UpdateLostError"}
 
 
 def __getattr__(name: str) -> Any:

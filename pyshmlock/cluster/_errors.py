@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..errors import FencingError as _HostFencingError
+from ..errors import FencingError
 
 __all__ = [
     "AuthenticationError",
@@ -23,6 +23,7 @@ __all__ = [
     "FencingError",
     "MissingHostsError",
     "QuotaError",
+    "UpdateLostError",
 ]
 
 
@@ -69,12 +70,18 @@ class QuotaError(EtcdError):
     until it is compacted, defragmented and the alarm is disarmed."""
 
 
-class FencingError(ClusterError, _HostFencingError):
-    """An update's fencing token is refused: the cluster update lock was lost
-    (its lease expired).  A subclass of ``pyshmlock.FencingError``, which a
-    host's ``lock.fenced_update(token)`` raises for a token older than the
-    newest that host has seen: ``except pyshmlock.FencingError`` catches
-    both."""
+# ``FencingError`` is ``pyshmlock.FencingError`` itself (imported above), the
+# one class for "this update token is refused": a host's
+# ``lock.fenced_update(token)`` raises it for a token older than the newest
+# that host has seen, so ``except pyshmlock.cluster.FencingError`` catches a
+# host's refusal as well as the cluster's (below).
+
+
+class UpdateLostError(ClusterError, FencingError):
+    """The cluster update lock was lost (its lease expired, or it was
+    broken): its fencing token is refused.  A ``FencingError`` (so both
+    ``except pyshmlock.FencingError`` and ``except
+    pyshmlock.cluster.FencingError`` catch it) and a ``ClusterError``."""
 
 
 class DuplicateHostError(ClusterError):

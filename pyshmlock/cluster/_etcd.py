@@ -11,26 +11,47 @@ certificates and etcd's user authentication, with errors that say so.
   answered last; if it has not answered within ``hedge_after`` the same
   request also goes to the next member, and the first answer wins.  So a
   hung member (stopped, partitioned) costs ``hedge_after``, not a timeout.
-* **Writes are sent to one member at a time** (a hedged write could apply
-  twice).  A member that does not answer within ``request_timeout`` (or the
-  caller's deadline, if sooner) is left for the next.  Every write the
-  cluster code sends compares revisions, so a write retried on another
-  member after a lost answer cannot apply twice either.
-* **Every request is bounded** by ``min(request_timeout, deadline)``; when
-  the deadline passes the call raises :class:`EtcdUnavailable` with
-  ``took_effect`` False (nothing sent got through) or None (a write was sent
-  and its answer was lost).
+* **A write is never sent twice to a member still working on it.**  It goes
+  to one member; if that member has not answered within ``request_timeout``
+  it also goes to the next (every write the cluster code sends compares
+  revisions or is idempotent, so two copies cannot apply twice), and the
+  first answer wins.  An attempt is not abandoned before the call's
+  deadline: a member slow to answer under load is not sent the write again.
+* **Every call is bounded by the caller's deadline** (``op_timeout``, 10 s,
+  only when the caller gives none); when it passes the call raises
+  :class:`EtcdUnavailable` with ``took_effect`` False (nothing sent got
+  through) or None (a write was sent and its answer was lost).
+* **Answers are untrusted.**  Each is parsed and type-checked where it
+  arrives (``parse``); bad JSON, wrong types, bad base64, an unframed or cut
+  answer (``_http``) counts as that member's failure, and the call moves on
+  to the next member.  What the caller sees is a result or an
+  :class:`EtcdError` naming the member, never a raw ValueError or KeyError.
 """
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import ssl
 import time
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
+from ._answers import (
+    PARSE_ERRORS,
+    Compacted,
+    b64,
+    decode_kv,
+    parse_grant,
+    parse_keepalive,
+    parse_object,
+    parse_range,
+    parse_token,
+    parse_ttl,
+    parse_txn,
+    parse_watch,
+    unb64,
+    why,
+)
 from ._errors import (
     AuthenticationError,
     CertificateError,
@@ -41,22 +62,12 @@ from ._errors import (
 )
 from ._http import Broken, ConnectFailed, Pool, wait_for
 
-__all__ = ["TLS", "Etcd", "LeaseNotFound", "b64", "prefix_end", "unb64"]
+__all__ = ["TLS", "Compacted", "Etcd", "LeaseNotFound", "b64", "decode_kv", "prefix_end", "unb64"]
 
 #: A request to one member gives up after this long (or at the caller's deadline).
 REQUEST_TIMEOUT = 1.0
 #: A read or keep-alive also goes to the next member after this long.
 HEDGE_AFTER = 0.15
-
-
-def b64(x: Any) -> str:
-    if isinstance(x, str):
-        x = x.encode()
-    return base64.b64encode(x).decode()
-
-
-def unb64(x: Optional[str]) -> bytes:
-    return base64.b64decode(x) if x else b""
 
 
 def prefix_end(prefix: str) -> str:
@@ -182,13 +193,23 @@ class Etcd:
     def _headers(self) -> Dict[str, str]:
         return {"Authorization": self._token} if self._token else {}
 
-    def _classify(self, path: str, status: int, text: str) -> BaseException:
+    def _classify(self, i: int, path: str, status: int, data: bytes) -> BaseException:
+        """The exception for a non-200 answer of member ``i``.  An answer
+        that is not etcd's JSON error (a proxy's page, garbage) is a bad
+        member: the call moves on to the next one."""
+        url = self.urls[i]
+        text = data.decode(errors="replace")
         try:
-            j = json.loads(text)
-            msg = str(j.get("error") or j.get("message") or text)
-            code = int(j.get("code", 0))
-        except (ValueError, AttributeError):
-            msg, code = text.strip()[:300], 0
+            j = json.loads(data)
+        except (ValueError, RecursionError):
+            j = None
+        if not isinstance(j, dict) or not isinstance(j.get("error", j.get("message")), str):
+            return _Retry(f"{url}: HTTP {status} with an answer that is not etcd's: "
+                          f"{text.strip()[:120]!r}", maybe_applied=path not in READ_PATHS)
+        msg = str(j.get("error") or j.get("message") or "")
+        code = j.get("code", 0)
+        if isinstance(code, bool) or not isinstance(code, int):
+            code = 0
         low = msg.lower()
         if "invalid auth token" in low or "auth: revision" in low:
             return _BadToken(msg)
@@ -205,31 +226,35 @@ class Etcd:
         if (status >= 500 or code in (4, 10, 13, 14) or "no leader" in low
                 or "leader changed" in low or "timed out" in low or "too many" in low
                 or "stopped" in low):
-            return _Retry(f"{status} {msg}", maybe_applied=code in (4, 13) or status >= 500)
-        return EtcdError(f"etcd refused {path}: {msg}")
+            return _Retry(f"{url}: {status} {msg}",
+                          maybe_applied=code in (4, 13) or status >= 500)
+        return EtcdError(f"etcd at {url} refused {path}: {msg}")
 
-    async def _one(self, i: int, path: str, body: Dict[str, Any], timeout: float) -> Any:
+    async def _one(self, i: int, path: str, payload: bytes, timeout: float,
+                   parse: Callable[[Any], Any]) -> Any:
+        url = self.urls[i]
         try:
             status, data = await wait_for(
-                self._pool(i).post(path, json.dumps(body).encode(), self._headers()), timeout)
+                self._pool(i).post(path, payload, self._headers()), timeout)
         except asyncio.TimeoutError:
-            raise _Retry(f"{self.urls[i]}: no answer in {timeout:.2f} s",
-                         maybe_applied=True) from None
+            raise _Retry(f"{url}: no answer in {timeout:.2f} s", maybe_applied=True) from None
         except ssl.SSLError as e:
-            raise _Retry(f"{self.urls[i]}: TLS: {e}", maybe_applied=False, tls=True) from None
+            raise _Retry(f"{url}: TLS: {e}", maybe_applied=False, tls=True) from None
         except ConnectFailed as e:
-            raise _Retry(f"{self.urls[i]}: {e}", maybe_applied=False) from None
+            raise _Retry(f"{url}: {e}", maybe_applied=False) from None
         except (Broken, OSError) as e:
             tls = await self._diagnose_tls(i)
-            why = f"TLS: {tls}" if tls is not None else f"{type(e).__name__} {e}".rstrip()
-            raise _Retry(f"{self.urls[i]}: {why}", maybe_applied=True,
-                         tls=tls is not None) from None
-        if status == 200:
-            try:
-                return json.loads(data)
-            except ValueError:
-                raise _Retry(f"{self.urls[i]}: bad answer", maybe_applied=True) from None
-        raise self._classify(path, status, data.decode(errors="replace"))
+            what = f"TLS: {tls}" if tls is not None else f"{type(e).__name__} {e}".rstrip()
+            raise _Retry(f"{url}: {what}", maybe_applied=True, tls=tls is not None) from None
+        if status != 200:
+            raise self._classify(i, path, status, data)
+        try:
+            return parse(json.loads(data))
+        except PARSE_ERRORS as e:
+            # Whatever the member sent: the next one may answer properly.  A
+            # write it answered this way may have been applied.
+            raise _Retry(f"{url}: malformed answer to {path}: {why(e)}",
+                         maybe_applied=path not in READ_PATHS) from None
 
     async def _diagnose_tls(self, i: int) -> Optional[BaseException]:
         """A connection that broke right after a TLS 1.3 handshake is how a
@@ -251,8 +276,7 @@ class Etcd:
         w.close()
         return None
 
-    def _fail(self, path: str, errors: List[_Retry], t0: float,
-              deadline: float) -> BaseException:
+    def _fail(self, path: str, errors: List[_Retry], t0: float) -> BaseException:
         # A request that changes nothing (a read) took no effect, whatever
         # happened to it on the way.
         maybe = path not in READ_PATHS and any(e.maybe_applied for e in errors)
@@ -266,16 +290,20 @@ class Etcd:
             ["etcd"], took_effect=None if maybe else False)
 
     async def call(self, path: str, body: Dict[str, Any], *, deadline: Optional[float] = None,
-                   hedge: bool = False) -> Any:
+                   hedge: bool = False, parse: Optional[Callable[[Any], Any]] = None) -> Any:
         """One request, to as many members as needed before ``deadline``
-        (absolute monotonic seconds; None: ``op_timeout`` from now)."""
+        (absolute monotonic seconds; None: ``op_timeout`` from now).  The
+        answer goes through ``parse`` (default: it must be a JSON object);
+        an answer it refuses counts as that member's failure."""
         t0 = _now()
-        end = t0 + self.op_timeout if deadline is None else min(deadline, t0 + self.op_timeout)
+        end = t0 + self.op_timeout if deadline is None else deadline
+        parse = parse or parse_object
+        payload = json.dumps(body).encode()
         if self.tls.user is not None and self._token is None and path != "/auth/authenticate":
             await self._authenticate(end)
         for attempt in range(3):
             try:
-                return await self._call(path, body, t0, end, hedge)
+                return await self._call(path, payload, t0, end, hedge, parse)
             except _BadToken:
                 if self.tls.user is None or attempt == 2:
                     raise AuthenticationError(
@@ -285,12 +313,18 @@ class Etcd:
                 await self._authenticate(end)
         raise AssertionError("unreachable")    # pragma: no cover
 
-    async def _call(self, path: str, body: Dict[str, Any], t0: float, end: float,
-                    hedge: bool) -> Any:
-        """Writes: one member at a time.  Hedged: a new attempt, on the next
-        member, whenever ``hedge_after`` passes without an answer (up to two
-        per member in flight), so a request stuck in a member that forwards
-        it to a dead leader does not hold up the answer of a new leader."""
+    async def _call(self, path: str, payload: bytes, t0: float, end: float, hedge: bool,
+                    parse: Callable[[Any], Any]) -> Any:
+        """Hedged (reads, keep-alives): a new attempt, on the next member,
+        whenever ``hedge_after`` passes without an answer (up to two per
+        member in flight), so a request stuck in a member that forwards it
+        to a dead leader does not hold up the answer of a new leader.
+
+        Writes: an attempt is never abandoned before the deadline (a member
+        slow to answer may still be working on it); after
+        ``request_timeout`` without an answer the write also goes to a
+        member that has none of this call's attempts in flight, never again
+        to one that has.  Only a member whose attempt failed gets it again."""
         n = len(self.urls)
         errors: List[_Retry] = []
         pending: Dict[asyncio.Task[Any], int] = {}
@@ -304,7 +338,7 @@ class Etcd:
                 if now >= end:
                     if pending and not hedge:   # a write still in flight may apply
                         errors.append(_Retry(f"no answer before the deadline ({path})", True))
-                    raise self._fail(path, errors, t0, end)
+                    raise self._fail(path, errors, t0)
                 if not pending and since_sleep >= n:     # a round of failures
                     if len(errors) >= n and all(x.tls for x in errors[-n:]):
                         raise CertificateError(
@@ -314,17 +348,27 @@ class Etcd:
                     start = self._pref - launched
                     await asyncio.sleep(min(0.05, max(0.0, end - now)))
                     continue
-                if not pending or (hedge and now - last_launch >= self.hedge_after
-                                   and len(pending) < 2 * n):
+                busy = set(pending.values())
+                if hedge:
+                    launch = not pending or (now - last_launch >= self.hedge_after
+                                             and len(pending) < 2 * n)
+                    patience = self.hedge_after
+                else:
+                    launch = len(busy) < n and (
+                        not pending or now - last_launch >= self.request_timeout)
+                    patience = self.request_timeout if len(busy) + launch < n else end - now
+                if launch:
                     i = (start + launched) % n
                     launched += 1
+                    while not hedge and i in busy:
+                        i = (start + launched) % n
+                        launched += 1
                     since_sleep += 1
                     last_launch = now
+                    limit = min(self.request_timeout, end - now) if hedge else end - now
                     pending[asyncio.ensure_future(self._one(
-                        i, path, body, max(0.001, min(self.request_timeout, end - now))))] = i
-                wait = end - _now()
-                if hedge:
-                    wait = min(wait, max(0.0, last_launch + self.hedge_after - _now()))
+                        i, path, payload, max(0.001, limit), parse))] = i
+                wait = min(end - _now(), max(0.0, last_launch + patience - _now()))
                 done, _ = await asyncio.wait(list(pending), timeout=max(0.0, wait),
                                              return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
@@ -350,10 +394,10 @@ class Etcd:
         async with self._auth_mu:
             if self._token is not None:
                 return
+            body = {"name": self.tls.user, "password": self.tls.password or ""}
             try:
-                r = await self._call("/auth/authenticate",
-                                     {"name": self.tls.user, "password": self.tls.password or ""},
-                                     _now(), end, True)
+                token = await self._call("/auth/authenticate", json.dumps(body).encode(),
+                                         _now(), end, True, parse_token)
             except AuthenticationError as e:
                 raise AuthenticationError(
                     f"etcd authentication failed for user {self.tls.user!r}: {e}") from None
@@ -362,24 +406,32 @@ class Etcd:
                     self._token = ""
                     return
                 raise
-            self._token = str(r.get("token", "")) or ""
+            self._token = token
 
     # ------------------------------------------------------------------ kv
-    async def range(self, key: str, *, prefix: bool = False, deadline: Optional[float] = None
-                    ) -> Tuple[List[Dict[str, Any]], int]:
+    async def range(self, key: str, *, prefix: bool = False, keys_only: bool = False,
+                    deadline: Optional[float] = None) -> Tuple[List[Dict[str, Any]], int]:
         """Linearizable range read: (kvs with decoded key/value, header revision)."""
         body: Dict[str, Any] = {"key": b64(key)}
         if prefix:
             body["range_end"] = b64(prefix_end(key))
-        r = await self.call("/kv/range", body, deadline=deadline, hedge=True)
-        return [decode_kv(kv) for kv in r.get("kvs", [])], int(r["header"]["revision"])
+        if keys_only:
+            body["keys_only"] = True
+        r: Tuple[List[Dict[str, Any]], int] = await self.call(
+            "/kv/range", body, deadline=deadline, hedge=True, parse=parse_range)
+        return r
 
     async def txn(self, compare: List[Dict[str, Any]], success: List[Dict[str, Any]],
                   failure: Optional[List[Dict[str, Any]]] = None, *,
-                  deadline: Optional[float] = None) -> Tuple[bool, int, Any]:
-        r = await self.call("/kv/txn", {"compare": compare, "success": success,
-                                        "failure": failure or []}, deadline=deadline)
-        return bool(r.get("succeeded", False)), int(r["header"]["revision"]), r
+                  deadline: Optional[float] = None
+                  ) -> Tuple[bool, int, List[List[Dict[str, Any]]]]:
+        """One transaction: (succeeded, header revision, the kvs of each of
+        the taken branch's operations: a range's kvs, [] for a put or a
+        delete)."""
+        r: Tuple[bool, int, List[List[Dict[str, Any]]]] = await self.call(
+            "/kv/txn", {"compare": compare, "success": success, "failure": failure or []},
+            deadline=deadline, parse=parse_txn)
+        return r
 
     # txn building blocks (the v3 JSON forms)
     @staticmethod
@@ -408,31 +460,32 @@ class Etcd:
         return {"request_delete_range": req}
 
     @staticmethod
-    def op_range(key: str, prefix: bool = False) -> Dict[str, Any]:
-        req = {"key": b64(key)}
+    def op_range(key: str, prefix: bool = False, keys_only: bool = False) -> Dict[str, Any]:
+        req: Dict[str, Any] = {"key": b64(key)}
         if prefix:
             req["range_end"] = b64(prefix_end(key))
+        if keys_only:            # revisions and lease, no values: O(keys), not O(bytes)
+            req["keys_only"] = True
         return {"request_range": req}
 
     # -------------------------------------------------------------- leases
     async def lease_grant(self, ttl: float, *, deadline: Optional[float] = None) -> int:
-        r = await self.call("/lease/grant", {"TTL": str(max(1, round(ttl)))}, deadline=deadline)
-        if r.get("error"):
-            raise EtcdError(f"etcd refused a lease: {r['error']}")
-        return int(r["ID"])
+        lease: int = await self.call("/lease/grant", {"TTL": str(max(1, round(ttl)))},
+                                     deadline=deadline, parse=parse_grant)
+        return lease
 
     async def lease_keepalive(self, lease: int, *, deadline: Optional[float] = None) -> int:
         """Renew (hedged); returns the TTL left (0: the lease has expired or is unknown)."""
-        r = await self.call("/lease/keepalive", {"ID": str(lease)}, deadline=deadline,
-                            hedge=True)
-        res = r.get("result", r)
-        return int(res.get("TTL", 0))
+        ttl: int = await self.call("/lease/keepalive", {"ID": str(lease)}, deadline=deadline,
+                                   hedge=True, parse=parse_keepalive)
+        return ttl
 
-    async def lease_ttl(self, lease: int, *, deadline: Optional[float] = None) -> int:
-        """The seconds a lease has left (-1 or 0: gone)."""
-        r = await self.call("/lease/timetolive", {"ID": str(lease)}, deadline=deadline,
-                            hedge=True)
-        return int(r.get("TTL", -1))
+    async def lease_ttl(self, lease: int, *, deadline: Optional[float] = None
+                        ) -> Tuple[int, int]:
+        """(whole seconds the lease has left, its granted TTL); TTL -1: gone."""
+        r: Tuple[int, int] = await self.call("/lease/timetolive", {"ID": str(lease)},
+                                             deadline=deadline, hedge=True, parse=parse_ttl)
+        return r
 
     async def lease_revoke(self, lease: int, *, deadline: Optional[float] = None) -> bool:
         try:
@@ -449,9 +502,11 @@ class Etcd:
                     ) -> AsyncIterator[Tuple[int, List[Dict[str, Any]]]]:
         """Yield (revision, events) for every change under ``prefix`` from
         ``start_revision`` on, from one member (``member`` or the preferred
-        one).  Ends with an exception when the stream breaks; raises
-        :class:`Compacted` when ``start_revision`` was compacted away."""
+        one).  Ends with an exception when the stream breaks or a message is
+        malformed (an event skipped would leave a copy wrong without notice);
+        raises :class:`Compacted` when ``start_revision`` was compacted away."""
         i = self._pref if member is None else member
+        url = self.urls[i]
         body = {"create_request": {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
                                    "start_revision": str(start_revision)}}
         status, lines, conn = await wait_for(
@@ -459,30 +514,21 @@ class Etcd:
             self.request_timeout)
         try:
             if status != 200:
-                text = b"".join([x async for x in lines]).decode(errors="replace")
-                raise self._classify("/watch", status, text)
+                data = b"".join([x async for x in lines])
+                raise _public(self._classify(i, "/watch", status, data))
             async for line in lines:
                 if not line.strip():
                     continue
                 try:
                     obj = json.loads(line)
-                except ValueError:
+                    if isinstance(obj, dict) and "error" in obj:
+                        raise _public(self._classify(i, "/watch", 500, line))
+                    got = parse_watch(obj)
+                except PARSE_ERRORS as e:
+                    raise EtcdError(f"{url}: malformed watch message: {why(e)}") from None
+                if got is None:
                     continue
-                if "error" in obj:
-                    raise self._classify("/watch", 500, line.decode(errors="replace"))
-                res = obj.get("result", {})
-                if int(res.get("compact_revision", 0) or 0) > 0:
-                    raise Compacted(int(res["compact_revision"]))
-                if res.get("canceled"):
-                    raise _Retry(f"watch canceled: {res.get('cancel_reason', '')}", False)
-                evs = res.get("events")
-                if evs:
-                    out = []
-                    for ev in evs:
-                        kv = decode_kv(ev["kv"])
-                        kv["type"] = ev.get("type", "PUT")
-                        out.append(kv)
-                    yield int(out[-1]["mod_revision"]), out
+                yield got
         finally:
             conn.close()
 
@@ -496,12 +542,6 @@ def _retrieve(t: asyncio.Task[Any]) -> None:
         t.exception()
 
 
-class Compacted(Exception):
-    """The watch's start revision was compacted away: read the state again."""
-
-
-def decode_kv(kv: Dict[str, Any]) -> Dict[str, Any]:
-    return {"key": unb64(kv["key"]).decode(), "value": unb64(kv.get("value")),
-            "create_revision": int(kv.get("create_revision", 0)),
-            "mod_revision": int(kv.get("mod_revision", 0)),
-            "lease": int(kv.get("lease", 0))}
+def _public(e: BaseException) -> BaseException:
+    """A member's refusal as the caller sees it (a retry is an EtcdError)."""
+    return EtcdError(str(e)) if isinstance(e, (_Retry, _BadToken)) else e

@@ -6,12 +6,18 @@ JSON message per line, for as long as the stream lives.  That is all this
 speaks: keep-alive connections per member (one request at a time on each),
 TLS through ``ssl`` (a CA, a client certificate), no redirects, no proxies.
 
-Why not an HTTP library: a pause costs each agent one watch event and one
-write, and on a host running many agents (the tests and the benchmark run
-16 on 2 CPUs) a general client's per-request work (about 4 ms of CPU per
-gate change with httpx, against under 1 ms here) was what grew with the
-number of hosts.  Cancellation is asyncio's: a request cancelled or timed
+Why not an HTTP library: a pause costs each agent one watch event, and on
+a machine running many agents (the tests and the benchmark run up to 128 on
+2 CPUs) a general client's per-request work (about 4 ms of CPU per gate
+change with httpx, against about 0.3 ms for the whole agent here) is what
+grows with the number of hosts.  Cancellation is asyncio's: a request cancelled or timed
 out closes its connection, which is never reused.
+
+A member's answer is untrusted input: anything but a well-formed answer
+(a bad status line, oversized or too many header lines, a bad length or
+chunk size, a body cut short) raises :class:`Broken`, never asyncio's own
+ValueError, so the client moves on to the next member.  An answer with
+neither a length nor chunks ends when the server closes the connection.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ __all__ = ["Broken", "ConnectFailed", "Pool", "wait_for"]
 
 _MAX_HEAD = 64 * 1024
 _MAX_BODY = 64 * 1024 * 1024
+_MAX_HEADERS = 100
 
 
 async def wait_for(aw: Awaitable[_T], timeout: float) -> _T:
@@ -101,49 +108,92 @@ class Pool:
                 b"\r\n" + extra + b"\r\n")
 
     @staticmethod
-    async def _read_head(c: _Conn) -> Tuple[int, Dict[str, str]]:
-        line = await c.reader.readline()
+    async def _line(c: _Conn, what: str) -> bytes:
+        """One line, at most ``_MAX_HEAD`` bytes (a longer one is a broken
+        answer, not asyncio's ValueError)."""
+        try:
+            return await c.reader.readline()
+        except (ValueError, asyncio.LimitOverrunError):
+            raise Broken(f"{what} longer than {_MAX_HEAD} bytes") from None
+
+    @classmethod
+    async def _read_head(cls, c: _Conn) -> Tuple[int, Dict[str, str]]:
+        line = await cls._line(c, "status line")
         if not line:
             raise Broken("connection closed before an answer")
-        try:
-            status = int(line.split(None, 2)[1])
-        except (IndexError, ValueError):
-            raise Broken(f"not an HTTP answer: {line[:80]!r}") from None
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() \
+                or len(parts[1]) != 3:
+            raise Broken(f"not an HTTP/1.x answer: {line[:80]!r}")
+        status = int(parts[1])
         hdrs: Dict[str, str] = {}
         size = 0
         while True:
-            h = await c.reader.readline()
+            h = await cls._line(c, "header line")
             size += len(h)
-            if not h or size > _MAX_HEAD:
-                raise Broken("bad HTTP header")
+            if not h:
+                raise Broken("connection closed inside the answer's header")
+            if size > _MAX_HEAD or len(hdrs) > _MAX_HEADERS:
+                raise Broken(f"answer header larger than {_MAX_HEAD} bytes")
             if h in (b"\r\n", b"\n"):
                 return status, hdrs
             k, _, v = h.decode("latin-1").partition(":")
             hdrs[k.strip().lower()] = v.strip()
 
     @staticmethod
-    async def _chunks(c: _Conn) -> AsyncIterator[bytes]:
+    def _length(hdrs: Dict[str, str]) -> Optional[int]:
+        """The answer's Content-Length (None: there is none)."""
+        v = hdrs.get("content-length")
+        if v is None:
+            return None
+        if not v.isdigit():
+            raise Broken(f"bad Content-Length {v[:40]!r}")
+        n = int(v)
+        if n > _MAX_BODY:
+            raise Broken(f"answer too large ({n} bytes)")
+        return n
+
+    @classmethod
+    async def _chunks(cls, c: _Conn) -> AsyncIterator[bytes]:
         while True:
-            line = await c.reader.readline()
+            line = await cls._line(c, "chunk size line")
             if not line:
                 raise Broken("connection closed inside a chunked answer")
-            try:
-                n = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise Broken("bad chunk size") from None
+            size = line.split(b";", 1)[0].strip()
+            if not size or len(size) > 16 or \
+                    not all(ch in b"0123456789abcdefABCDEF" for ch in size):
+                raise Broken(f"bad chunk size {line[:40]!r}")
+            n = int(size, 16)
             if n == 0:
-                while (await c.reader.readline()) not in (b"\r\n", b"\n", b""):
+                while (await cls._line(c, "trailer line")) not in (b"\r\n", b"\n", b""):
                     pass
                 return
             if n > _MAX_BODY:
                 raise Broken("chunk too large")
             data = await c.reader.readexactly(n)
-            await c.reader.readexactly(2)
+            if await c.reader.readexactly(2) != b"\r\n":
+                raise Broken("a chunk not followed by CRLF")
             yield data
+
+    @staticmethod
+    async def _to_eof(c: _Conn) -> bytes:
+        """An unframed answer: everything until the server closes (a
+        read() returns one segment, not the whole answer)."""
+        parts: List[bytes] = []
+        size = 0
+        while True:
+            d = await c.reader.read(65536)
+            if not d:
+                return b"".join(parts)
+            size += len(d)
+            if size > _MAX_BODY:
+                raise Broken("answer too large")
+            parts.append(d)
 
     async def post(self, path: str, body: bytes, headers: Dict[str, str]) -> Tuple[int, bytes]:
         """One request; (status, body).  Raises ConnectFailed, ssl.SSLError,
-        Broken; a cancelled or failed request closes its connection."""
+        Broken (whatever the answer's bytes); a cancelled or failed request
+        closes its connection."""
         reused = bool(self._idle)
         c = self._idle.pop() if reused else await self._connect()
         ok = False
@@ -151,15 +201,13 @@ class Pool:
             c.writer.write(self._head(path, len(body), headers) + body)
             await c.writer.drain()
             status, hdrs = await self._read_head(c)
-            if "content-length" in hdrs:
-                n = int(hdrs["content-length"])
-                if n > _MAX_BODY:
-                    raise Broken("answer too large")
-                data = await c.reader.readexactly(n)
-            elif "chunked" in hdrs.get("transfer-encoding", ""):
+            n = self._length(hdrs)
+            if "chunked" in hdrs.get("transfer-encoding", "").lower():
                 data = b"".join([x async for x in self._chunks(c)])
+            elif n is not None:
+                data = await c.reader.readexactly(n)
             else:
-                data = await c.reader.read(_MAX_BODY)
+                data = await self._to_eof(c)
                 hdrs["connection"] = "close"
             ok = hdrs.get("connection", "").lower() != "close"
             return status, data
@@ -174,16 +222,18 @@ class Pool:
     async def stream(self, path: str, body: bytes, headers: Dict[str, str]
                      ) -> Tuple[int, AsyncIterator[bytes], _Conn]:
         """A streaming request on a connection of its own: (status, an
-        iterator over the answer's lines, the connection to close)."""
+        iterator over the answer's lines, the connection to close).  The
+        iterator raises Broken for anything but a well-formed answer."""
         c = await self._connect()
         try:
             c.writer.write(self._head(path, len(body), headers) + body)
             await c.writer.drain()
             status, hdrs = await self._read_head(c)
+            n = self._length(hdrs)
         except BaseException:
             c.close()
             raise
-        chunked = "chunked" in hdrs.get("transfer-encoding", "")
+        chunked = "chunked" in hdrs.get("transfer-encoding", "").lower()
 
         async def lines() -> AsyncIterator[bytes]:
             buf = b""
@@ -191,12 +241,13 @@ class Pool:
                 if chunked:
                     async for data in self._chunks(c):
                         buf += data
+                        if len(buf) > _MAX_BODY:
+                            raise Broken("a streamed message too large")
                         while b"\n" in buf:
                             line, buf = buf.split(b"\n", 1)
                             yield line
                 else:
-                    n = int(hdrs.get("content-length", "0") or 0)
-                    buf = await c.reader.readexactly(n) if n else await c.reader.read()
+                    buf = await c.reader.readexactly(n) if n is not None else await self._to_eof(c)
                 if buf.strip():
                     yield buf
             except (ConnectionError, asyncio.IncompleteReadError) as e:

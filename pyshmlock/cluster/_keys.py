@@ -1,9 +1,14 @@
 """Where a cluster's state lives in etcd, how it is encoded, and the one
-parse of it that the agent, the controllers and ``status`` share."""
+parse of it that the agent, the controllers and ``status`` share.
+
+Values are JSON written by pyshmlock, but read back from the network: every
+field is read through ``as_int`` / ``as_bool`` / ``as_dict``, so a value of
+the wrong type reads as absent instead of raising in the middle of a pause.
+"""
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = "/pyshmlock/cluster/"
 
@@ -36,8 +41,10 @@ class Keys:
         self.ctl = self.prefix + "ctl/"
         self.gate = self.ctl + "gate"           # {"paused", "drain", "mode", "by", "at", ...}
         self.update = self.ctl + "update"       # lease-bound; fencing token = create_revision
-        self.generation = self.ctl + "generation"   # the last completed update
+        self.generation = self.ctl + "generation"   # the last update that ended
         self.evicted = self.ctl + "evicted/"    # evicted/<id>: kept out until admitted
+        self.ackers = self.ctl + "ackers/"      # ackers/<session>: where hosts acknowledge
+        self.ackreq = self.ctl + "ackreq"       # {"hosts": [...]}: write your report in etcd
         self.hosts = self.prefix + "hosts/"     # hosts/<id>: lease-bound registration
         self.sessions = self.prefix + "sessions/"  # sessions/<lease>: a live controller
 
@@ -51,13 +58,39 @@ class Keys:
 def loads(raw: bytes) -> Dict[str, Any]:
     try:
         v = json.loads(raw.decode() or "{}")
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return {}
     return v if isinstance(v, dict) else {}
 
 
 def dumps(v: Dict[str, Any]) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def as_int(v: Any, default: int = 0) -> int:
+    if isinstance(v, bool):
+        return default
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and v.lstrip("-").isdigit() and len(v) <= 21:
+        return int(v)
+    return default
+
+
+def as_bool(v: Any) -> bool:
+    return v is True
+
+
+def as_dict(v: Any) -> Dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def as_list(v: Any) -> List[Any]:
+    return v if isinstance(v, list) else []
+
+
+#: A host lock's standing against the fleet's last update (``lock_standing``).
+CURRENT, BEHIND, PARTIAL = "current", "behind", "partial"
 
 
 class State:
@@ -71,11 +104,15 @@ class State:
         self.update_token = 0
         self.update_lease = 0
         self.generation: Dict[str, Any] = {}
+        self.generation_rev = 0
         self.hosts: Dict[str, Dict[str, Any]] = {}
         self.host_create: Dict[str, int] = {}
         self.host_lease: Dict[str, int] = {}
         self.evicted: Dict[str, Dict[str, Any]] = {}
         self.sessions: Dict[int, Dict[str, Any]] = {}
+        self.ackers: Dict[str, Dict[str, Any]] = {}
+        self.ackreq: Dict[str, Any] = {}
+        self.ackreq_rev = 0
         for k, kv in kvs.items():
             v = kv.get("parsed")
             if v is None:
@@ -89,14 +126,19 @@ class State:
                 self.update_lease = kv["lease"]
             elif k == keys.generation:
                 self.generation = v
+                self.generation_rev = kv["mod_revision"]
+            elif k == keys.ackreq:
+                self.ackreq = v
+                self.ackreq_rev = kv["mod_revision"]
             elif k.startswith(keys.hosts):
                 hid = k[len(keys.hosts):]
-                reg = dict(v, _rev=kv["mod_revision"])
-                self.hosts[hid] = reg
+                self.hosts[hid] = dict(v, _rev=kv["mod_revision"])
                 self.host_create[hid] = kv["create_revision"]
                 self.host_lease[hid] = kv["lease"]
             elif k.startswith(keys.evicted):
                 self.evicted[k[len(keys.evicted):]] = v
+            elif k.startswith(keys.ackers):
+                self.ackers[k[len(keys.ackers):]] = v
             elif k.startswith(keys.sessions):
                 try:
                     self.sessions[int(k[len(keys.sessions):], 16)] = v
@@ -105,31 +147,56 @@ class State:
 
     @property
     def paused(self) -> bool:
-        return bool(self.gate.get("paused", False))
+        return as_bool(self.gate.get("paused", False))
 
     @property
     def drain(self) -> bool:
-        return self.paused and bool(self.gate.get("drain", False))
+        return self.paused and as_bool(self.gate.get("drain", False))
+
+    @property
+    def acks_in_etcd(self) -> bool:
+        """The gate's writer cannot be acknowledged directly (a one-shot
+        command): hosts write their acknowledgement in etcd at once."""
+        return self.gate.get("acks") == "etcd"
+
+    def asked_for_report(self, host_id: str) -> bool:
+        """A controller could not hear this host directly and asks it to
+        write its report in etcd (``ctl/ackreq``)."""
+        hosts = self.ackreq.get("hosts")
+        return isinstance(hosts, list) and host_id in hosts
 
     @property
     def generation_token(self) -> int:
-        return int(self.generation.get("token", 0) or 0)
+        return max(0, as_int(self.generation.get("token", 0)))
 
-    def current(self, host_id: str, applied_update: int = 0,
-                registration: Optional[int] = None) -> bool:
-        """Whether host ``host_id`` has the fleet's last completed update: it
-        was registered (with the same registration) from the update's pause
-        to its release, or an admin admitted it, or its lock records the
-        update as applied through ``fenced_update``."""
+    def lock_standing(self, host_id: str, lock: str, applied: int,
+                      registration: int) -> Tuple[str, bool]:
+        """A host lock against the fleet's last update (the generation):
+        (CURRENT, BEHIND or PARTIAL, whether it is current only by the
+        generation's list of hosts, so that the lock should record it).
+
+        * recorded as failed at that host (``u.mark_failed``): BEHIND;
+        * its lock holds a later update than the fleet completed (part of an
+          update that failed or was lost): PARTIAL;
+        * its lock has the update (``fenced_update`` recorded it, or its
+          agent did before): CURRENT;
+        * listed with this registration (registered from the update's pause
+          to its end), or admitted (``"*"``): CURRENT, to be recorded;
+        * otherwise (it missed the update): BEHIND."""
         tok = self.generation_token
-        if tok == 0 or applied_update >= tok:
-            return True
-        present = self.generation.get("hosts", {})
-        if not isinstance(present, dict):
-            return False
-        v = present.get(host_id)
-        cr = self.host_create.get(host_id) if registration is None else registration
-        return v == "*" or (cr is not None and v == cr)
+        failed = as_dict(self.generation.get("failed")).get(host_id)
+        if tok and (failed == "*" or (isinstance(failed, list) and lock in failed)):
+            return BEHIND, False
+        listed = as_dict(self.generation.get("hosts")).get(host_id)
+        if listed == "*":
+            return CURRENT, applied < tok
+        if applied > tok:
+            return PARTIAL, False
+        if applied == tok:
+            return CURRENT, False
+        if registration > 0 and as_int(listed, -1) == registration:
+            return CURRENT, True
+        return BEHIND, False
 
     def behind(self) -> List[str]:
-        return sorted(h for h, reg in self.hosts.items() if reg.get("behind"))
+        return sorted(h for h, reg in self.hosts.items() if as_bool(reg.get("behind")))

@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 from .._shmlock import ffi, lib
 from ..errors import error_for
 
-__all__ = ["KEEPER_POLL_S", "lease_arm", "lease_disarm", "lease_info"]
+__all__ = ["KEEPER_POLL_S", "lease_arm", "lease_disarm", "lease_info", "lease_remaining"]
 
 #: How often each attached process's watchdog checks an armed lease (C core;
 #: every 0.25 s while no open lock has a lease, never while none is open).
@@ -42,6 +42,13 @@ def lease_arm(lock: Any, seconds: float) -> None:
 def lease_disarm(lock: Any) -> None:
     """No lease: the lock no longer pauses on its own (leaving cluster mode)."""
     _check(lib.shl_lease_set(_h(lock), 0), "lease", lock)
+
+
+def lease_remaining(lock: Any) -> float:
+    """Seconds until the lease runs out (<= 0: it has, or none is armed)."""
+    info = ffi.new("shl_lease_info *")
+    _check(lib.shl_lease_get(_h(lock), info), "lease", lock)
+    return (info.deadline_ns - info.now_ns) / 1e9 if info.deadline_ns != 0 else 0.0
 
 
 def lease_info(lock: Any) -> Dict[str, Optional[float]]:

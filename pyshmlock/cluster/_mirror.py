@@ -2,16 +2,27 @@
 
 One linearizable range read, then one watch stream from the revision after
 it; every event applies to the copy in revision order, so the copy is the
-state at ``revision``.  The stream comes from one member; if nothing arrives
-for ``resync`` seconds (a quiet cluster, or a member that hung) the copy is
-read again (hedged, so from a member that answers) and the stream restarts
-there.  Watch events carry the values, so waiting for acknowledgements costs
-no extra read.
+state at ``revision``.  The stream comes from one member (``member``).
+
+A watch on a member that hung, or that lost its quorum, delivers nothing
+and says nothing.  Two things catch it:
+
+* ``follow(member)``: the agent calls it after every successful keep-alive
+  with the member that answered (a hung member does not answer, the hedge
+  moves on); a stream on another member is restarted there, read first.
+* if nothing arrives for ``resync`` seconds, the copy is checked with one
+  small read (``keys_only``: the keys and their revisions, no values); only
+  if a key changed that the stream did not deliver is the copy read again
+  and the stream restarted.  An idle host costs one small read per
+  ``resync``, not a read and a new stream.
+
+Watch events carry the values, so following changes costs no extra read.
 """
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Callable, Dict, List, Optional
 
 from ._errors import AuthenticationError, CertificateError, ClusterError
 from ._etcd import Compacted, Etcd
@@ -39,11 +50,17 @@ class Mirror:
         self.revision = 0
         self.loaded = False
         self.version = 0                 # counts changes of the copy
+        self.member = -1                 # the member the stream comes from
         self.fatal: Optional[BaseException] = None
+        #: called (in the loop) at every change of the copy
+        self.listeners: List[Callable[[], None]] = []
+        self.reloads = 0                 # full reads after the first (for the tests)
         # Made in the loop, not here: on Python 3.9 an Event made outside a
         # running loop belongs to another one (an AsyncCluster made before
         # asyncio.run would not work).
         self._ev: Optional[asyncio.Event] = None
+        self._restart: Optional[asyncio.Event] = None
+        self._heard = 0.0                # when the stream last delivered (or was checked)
         self._task: Optional[asyncio.Task[None]] = None
         self._state: Optional[State] = None
 
@@ -59,6 +76,8 @@ class Mirror:
         ev, self._ev = self._ev, asyncio.Event()
         if ev is not None:
             ev.set()
+        for fn in self.listeners:
+            fn()
 
     async def load(self, deadline: Optional[float] = None) -> None:
         """Read the copy again (linearizable).  It never goes back: a read
@@ -66,6 +85,8 @@ class Mirror:
         kvs, rev = await self.etcd.range(self.prefix, prefix=True, deadline=deadline)
         if rev < self.revision:
             return
+        if self.loaded:
+            self.reloads += 1
         for kv in kvs:
             _parse(kv)
         self.kvs = {kv["key"]: kv for kv in kvs}
@@ -105,6 +126,15 @@ class Mirror:
         except asyncio.TimeoutError:
             return False
 
+    def follow(self, member: int) -> None:
+        """Move the stream to ``member`` (one that just answered) if it comes
+        from another one: a member that stopped answering may also have
+        stopped delivering events."""
+        if self._task is not None and self.member >= 0 and member != self.member:
+            if self._restart is None:
+                self._restart = asyncio.Event()
+            self._restart.set()
+
     def _apply(self, rev: int, events: Any) -> None:
         if rev <= self.revision:
             return
@@ -118,25 +148,47 @@ class Mirror:
         self.revision = rev
         self._bump()
 
-    async def _pump(self, got: asyncio.Event) -> None:
-        async for rev, events in self.etcd.watch(self.prefix, self.revision + 1):
+    async def _pump(self) -> None:
+        self.member = self.etcd.preferred
+        async for rev, events in self.etcd.watch(self.prefix, self.revision + 1, self.member):
             self._apply(rev, events)
-            got.set()
+            self._heard = time.monotonic()
+
+    async def _current(self) -> bool:
+        """Whether the copy still matches etcd (one keys-only read): no key
+        changed, appeared or went since the copy's revision."""
+        kvs, rev = await self.etcd.range(self.prefix, prefix=True, keys_only=True)
+        if rev < self.revision:
+            return True                     # an older member: nothing to learn
+        keys = {kv["key"]: kv["mod_revision"] for kv in kvs}
+        return keys.keys() == self.kvs.keys() and all(
+            m <= self.revision and m == self.kvs[k]["mod_revision"] for k, m in keys.items())
 
     async def _run(self) -> None:
         while True:
-            got = asyncio.Event()
-            pump = asyncio.ensure_future(self._pump(got))
+            self._restart = asyncio.Event()
+            restart = asyncio.ensure_future(self._restart.wait())
+            pump = asyncio.ensure_future(self._pump())
+            self._heard = time.monotonic()
             try:
-                while not pump.done():
-                    got.clear()
-                    waiter = asyncio.ensure_future(got.wait())
-                    done, _ = await asyncio.wait([pump, waiter], timeout=self.resync,
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    if not done:          # quiet: read again, maybe from another member
-                        break
+                while not pump.done() and not restart.done():
+                    # Wakes when the stream ends, a restart, or the copy has
+                    # been quiet for resync (not at every event: that cost a
+                    # task per event on every host's path to acknowledging).
+                    quiet = self._heard + self.resync - time.monotonic()
+                    if quiet > 0:
+                        await asyncio.wait([pump, restart], timeout=quiet,
+                                           return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    try:                    # quiet: check the copy with one small read
+                        if await self._current():
+                            self._heard = time.monotonic()
+                            continue
+                    except (ClusterError, OSError):
+                        pass
+                    break
             finally:
+                restart.cancel()
                 pump.cancel()
                 try:
                     await pump
@@ -154,7 +206,7 @@ class Mirror:
                 self.fatal = None
             except asyncio.CancelledError:
                 raise
-            except (ClusterError, Exception) as e:   # unreachable for now: try again soon
+            except Exception as e:   # unreachable for now: try again soon
                 if isinstance(e, (AuthenticationError, CertificateError)):
                     self.fatal = e
                     self._bump()

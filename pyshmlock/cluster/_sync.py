@@ -17,15 +17,12 @@ import threading
 import weakref
 from typing import Any, Dict, Optional, Sequence
 
-from ._controller import (
-    AsyncCluster,
-    AsyncClusterUpdate,
-    ClusterStatus,
-    PauseResult,
-)
+from ..metrics import ClusterMetrics
+from ._calls import ClusterStatus, PauseResult, add_note
+from ._controller import AsyncCluster, AsyncClusterUpdate
 from ._errors import ClusterTimeout
 
-__all__ = ["Cluster", "ClusterUpdate"]
+__all__ = ["Cluster", "ClusterUpdate", "PausedBlock"]
 
 #: A blocking call waits this much past its own timeout for its coroutine,
 #: which has raised ClusterTimeout by then (a backstop, never reached).
@@ -96,6 +93,8 @@ class Cluster:
             _stop_loop(self._loop.loop)
             raise
         self.name, self.keys, self.who, self.ttl = name, self.a.keys, self.a.who, self.a.ttl
+        #: this controller's histograms (``pyshmlock.metrics.ClusterCollector``)
+        self.metrics: ClusterMetrics = self.a.metrics
 
     def _run(self, coro: Any, timeout: Optional[float] = None) -> Any:
         return self._loop.run(coro, timeout)
@@ -109,8 +108,15 @@ class Cluster:
         r: PauseResult = self._run(self.a.pause(timeout, drain, expect), timeout)
         return r
 
-    def resume(self, timeout: Optional[float] = None) -> int:
-        rev: int = self._run(self.a.resume(timeout), timeout)
+    def paused(self, timeout: Optional[float] = None, drain: bool = False,
+               expect: Optional[Sequence[str]] = None) -> PausedBlock:
+        """``with cluster.paused(drain=True) as r:`` pause (``r`` is the
+        PauseResult) and resume when the block completes; if it raises, the
+        fleet stays paused and the exception says so (a note)."""
+        return PausedBlock(self, timeout, drain, expect)
+
+    def resume(self, timeout: Optional[float] = None, wait: bool = False) -> int:
+        rev: int = self._run(self.a.resume(timeout, wait), timeout)
         return rev
 
     def evict(self, host_id: str, timeout: Optional[float] = None) -> None:
@@ -151,6 +157,26 @@ class Cluster:
         self.close()
 
 
+class PausedBlock:
+    """What ``Cluster.paused()`` returns."""
+
+    def __init__(self, cluster: Cluster, timeout: Optional[float], drain: bool,
+                 expect: Optional[Sequence[str]]) -> None:
+        self.c, self.timeout, self.drain, self.expect = cluster, timeout, drain, expect
+        self.result: Optional[PauseResult] = None
+
+    def __enter__(self) -> PauseResult:
+        self.result = self.c.pause(self.timeout, self.drain, self.expect)
+        return self.result
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if ev is not None:
+            add_note(ev, f"pyshmlock.cluster: the fleet {self.c.name!r} stays paused: the "
+                         "paused block raised (resume() reopens it)")
+            return
+        self.c.resume(self.timeout)
+
+
 class ClusterUpdate:
     def __init__(self, cluster: Cluster, timeout: Optional[float],
                  expect: Optional[Sequence[str]] = None) -> None:
@@ -174,8 +200,22 @@ class ClusterUpdate:
     def lost(self) -> bool:
         return self.u.lost
 
+    @property
+    def applied(self) -> Dict[str, Dict[str, bool]]:
+        """Per host, per lock: whether its lock recorded this update."""
+        return self.u.applied
+
+    def mark_failed(self, host: str, lock: Optional[str] = None) -> None:
+        """Record that ``host`` (or its ``lock``) failed to apply this update."""
+        self.u.mark_failed(host, lock)
+
+    def mark_applied(self, host: str) -> None:
+        """Record that ``host`` applied this update (counts if the block raises)."""
+        self.u.mark_applied(host)
+
     def check(self) -> None:
-        """Raise FencingError unless this update still holds the lock (one etcd read)."""
+        """Raise UpdateLostError (a FencingError) unless this update still
+        holds the lock (one etcd read)."""
         self.c._run(self.u.check(), None)
 
     def __enter__(self) -> ClusterUpdate:

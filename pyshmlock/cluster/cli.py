@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Dict, List
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT = 0, 1, 3
 
@@ -31,7 +31,8 @@ def _ttl(v: str) -> float:
 
 def _etcd_args(s: Any) -> None:
     s.add_argument("--etcd", required=True, help="etcd endpoints, comma-separated URLs")
-    s.add_argument("--ca", default=None, help="CA bundle that signed etcd's certificates")
+    s.add_argument("--cacert", "--ca", dest="cacert", default=None,
+                   help="CA bundle that signed etcd's certificates (etcdctl's --cacert)")
     s.add_argument("--cert", default=None, help="client certificate (etcd --client-cert-auth)")
     s.add_argument("--key", default=None, help="client certificate's key")
     s.add_argument("--user", default=None, help="etcd user (auth enabled); the password "
@@ -42,12 +43,14 @@ def _etcd_args(s: Any) -> None:
 
 def add_parsers(sub: Any) -> None:
     from .agent import DEFAULT_TTL
-    s = sub.add_parser("agent", help="mirror a cluster gate in etcd into this host's lock "
-                                     "(one per host)")
+    s = sub.add_parser("agent", help="mirror a cluster gate in etcd into this host's locks "
+                                     "(one agent per host)")
     _etcd_args(s)
     s.add_argument("--cluster", required=True, help="cluster name (the etcd key prefix)")
-    s.add_argument("--lock", required=True, help="this host's local lock name")
-    s.add_argument("--host-id", default=None, help="registration id (default: hostname-lock); "
+    s.add_argument("--lock", required=True, action="append",
+                   help="a local lock of this host (one per engine); repeat it, or give "
+                        "several separated by commas")
+    s.add_argument("--host-id", default=None, help="registration id (default: the hostname); "
                                                    "unique in the cluster")
     s.add_argument("--ttl", type=_ttl, default=DEFAULT_TTL,
                    help=f"lease seconds: a silent host pauses itself within 3/4 of it "
@@ -79,6 +82,9 @@ def add_parsers(sub: Any) -> None:
             s.add_argument("host", help="host id")
         s.add_argument("--timeout", type=_timeout, default=30.0 if name != "status" else 10.0,
                        help="seconds (default 30; status 10)")
+        if name == "resume":
+            s.add_argument("--wait", action="store_true",
+                           help="also wait until every host has reopened")
         if name == "pause":
             s.add_argument("--drain", action="store_true",
                            help="also wait until no read is held on any host")
@@ -116,6 +122,39 @@ def _alive(v: Any) -> str:
     return {True: "alive", False: "not alive", None: "a one-shot command"}[v]
 
 
+def _host_lines(hid: str, reg: Dict[str, Any], gate_revision: int) -> List[str]:
+    """A host's line, and one per lock that needs a word (the status a host
+    last wrote in etcd: a host acknowledges controllers directly, and writes
+    its status about a second after it settles)."""
+    from ._keys import CURRENT, as_dict, as_int
+    seen = as_int(reg.get("mirrored"), -1) >= gate_revision
+    notes = [("paused" if reg.get("paused") is True else "open")]
+    if reg.get("drained") is True:
+        notes.append("drained")
+    locks = {k: v for k, v in as_dict(reg.get("locks")).items() if isinstance(v, dict)}
+    names = sorted(locks) or [str(reg.get("lock"))]
+    lines = [f"  {hid:<24} mirrored {reg.get('mirrored')} "
+             f"{'(current)' if seen else '(not yet)'} {' '.join(notes)} "
+             f"pid {reg.get('pid')} locks {','.join(names)}"]
+    if not locks:                      # an agent of an earlier release
+        locks = {names[0]: {"standing": "behind" if reg.get("behind") is True else CURRENT,
+                            "suspect": reg.get("suspect"), "users": reg.get("users")}}
+    for lk, v in sorted(locks.items()):
+        words = []
+        standing = v.get("standing", CURRENT)
+        if standing == "behind":
+            words.append("BEHIND the last update (stays paused)")
+        elif standing == "partial":
+            words.append("holds PART of an update that did not complete (stays paused)")
+        if v.get("suspect") is True:
+            words.append("DATA SUSPECT (stays paused)")
+        if as_int(v.get("users"), 1) == 0:
+            words.append("UNUSED (no process but the agent)")
+        if words:
+            lines.append(f"    lock {lk}: {'; '.join(words)}")
+    return lines
+
+
 def status_text(name: str, st: Any) -> str:
     if st.paused:
         head = (f"cluster {name}: PAUSED by {st.paused_by or '-'} "
@@ -133,22 +172,11 @@ def status_text(name: str, st: Any) -> str:
         lines.append("update lock: free")
     gen = st.generation
     if gen.get("token"):
-        lines.append(f"last completed update: token {gen['token']} by {gen.get('by')} "
-                     f"{_ago(gen.get('at'))}")
+        how = "" if gen.get("completed", True) else " (its block RAISED: the fleet stayed paused)"
+        lines.append(f"last update: token {gen['token']} by {gen.get('by')} "
+                     f"{_ago(gen.get('at'))}{how}")
     for hid, reg in sorted(st.hosts.items()):
-        ok = reg.get("mirrored", -1) >= st.gate_revision
-        notes = [("paused" if reg.get("paused") else "open")]
-        if reg.get("drained"):
-            notes.append("drained")
-        if reg.get("behind"):
-            notes.append("BEHIND the last update (stays paused)")
-        if reg.get("suspect"):
-            notes.append("DATA SUSPECT (stays paused)")
-        if reg.get("users") == 0:
-            notes.append("lock UNUSED (no process but the agent)")
-        lines.append(f"  {hid:<24} mirrored {reg.get('mirrored')} "
-                     f"{'(current)' if ok else '(behind)'} {' '.join(notes)} "
-                     f"pid {reg.get('pid')} lock {reg.get('lock')}")
+        lines.extend(_host_lines(hid, reg, st.gate_revision))
     if not st.hosts:
         lines.append("  no host registered")
     for hid, ev in sorted(st.evicted.items()):
@@ -163,7 +191,7 @@ def cmd_cluster(args: Any) -> int:
     c = None
     try:
         c = Cluster(args.etcd, args.name, op_timeout=args.etcd_timeout, session=False,
-                    ca=args.ca, cert=args.cert, key=args.key, user=args.user,
+                    ca=args.cacert, cert=args.cert, key=args.key, user=args.user,
                     password=_password(args), who=f"cli:{os.uname().nodename}:{os.getpid()}")
         cmd = args.cluster_command
         if cmd == "pause":
@@ -171,12 +199,14 @@ def cmd_cluster(args: Any) -> int:
             r = c.pause(timeout=args.timeout, drain=args.drain, expect=expect)
             out: Any = {"revision": r.revision, "acknowledged": r.acknowledged, "lost": r.lost,
                         "drained": r.drained, "seconds": round(r.seconds, 4),
-                        "unused": r.unused, "behind": r.behind}
+                        "unused": r.unused, "behind": r.behind, "closing": r.closing}
+            lost = ", ".join(f"{h} (closed within {r.closing.get(h, 0):.1f} s by its lease)"
+                             for h in r.lost)
             text = (f"paused at revision {r.revision} in {r.seconds * 1000:.0f} ms; "
                     f"acknowledged: {', '.join(r.acknowledged) or '-'}; "
-                    f"lost: {', '.join(r.lost) or '-'}")
+                    f"lost: {lost or '-'}")
         elif cmd == "resume":
-            rev = c.resume(timeout=args.timeout)
+            rev = c.resume(timeout=args.timeout, wait=args.wait)
             out, text = {"revision": rev}, f"resumed at revision {rev}"
         elif cmd == "evict":
             c.evict(args.host, timeout=args.timeout)
