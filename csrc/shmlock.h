@@ -309,10 +309,13 @@ void shl_cancel(shl_lock *h, shl_waiter *w);
  * without the in-flight count every other entry point keeps (two atomic
  * read-modify-writes and the token's resolution).  shl_fast_handle(token)
  * gives the handle of an open token (NULL: closed).  The caller keeps it
- * only while the token is open, and guarantees that no shl_close_begin of
- * it runs during one of these calls: the binding (csrc/fastpath) makes them
- * and every shl_close_begin with the GIL held, and these never release it,
- * and it forgets the handle before it closes the token.
+ * only while the token is open, and serialises these calls with one
+ * another, with every shl_close_begin of the token and with every release
+ * of a hold on it: the binding (csrc/fastpath) makes them all with the GIL
+ * held, and these never release it; it forgets the handle as the close of
+ * the token is decided.  (So the fast calls count their read holds, and
+ * release an exclusive hold, with loads and stores, not locked
+ * instructions.)
  *   shl_fast_read       SHL_OK: a read hold, as shl_try gives it; SHL_AGAIN:
  *                       not granted at once, nothing left behind (make an
  *                       attempt).

@@ -164,9 +164,11 @@ def _share(att: _Attachment) -> _Attachment:
 _close_hooks: List[Callable[[_Attachment], None]] = []
 
 
-def _detach(att: _Attachment) -> None:
+def _detach(att: _Attachment, owner: Any = None) -> None:
+    """Drop one reference to att; close its handle with the last one (owner:
+    the RWLock whose close this is, forgetting the handle as it closes)."""
     if not att.registered:
-        rc = close_handle(att.handle)
+        rc = close_handle(att.handle, owner)
         if rc != _OK and rc != lib.SHL_ECLOSED:
             raise error_for(rc, "close", att.name)
         att.refs = 0
@@ -175,7 +177,7 @@ def _detach(att: _Attachment) -> None:
         if att.refs == 1:
             for hook in _close_hooks:
                 hook(att)
-            rc = close_handle(att.handle)
+            rc = close_handle(att.handle, owner)
             if rc == lib.SHL_EBUSY:
                 raise LockInUseError(
                     f"lock {att.name!r}: close() while this process still holds it; "

@@ -51,12 +51,13 @@ def address(handle: Any) -> int:
     return int(ffi.cast("uintptr_t", handle))
 
 
-def close_handle(handle: Any) -> int:
-    """shl_close of a cffi ``shl_lock *``, with the GIL held throughout (every
+def close_handle(handle: Any, owner: Any = None) -> int:
+    """shl_close of a cffi ``shl_lock *``, begun with the GIL held (every
     close goes through here: the fast calls, which hold the GIL from start
-    to end, skip the core's in-flight count because no close can run
-    during them)."""
-    return int(_fast.close(address(handle)))
+    to end, skip the core's in-flight count because no close can begin
+    during them); once the close is decided, ``owner`` (the RWLock closing,
+    if any) forgets the handle before another thread can run."""
+    return int(_fast.close(address(handle), owner))
 
 
 def _error(rc: int, what: str, name: Any, err: int) -> BaseException:

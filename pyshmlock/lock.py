@@ -482,15 +482,10 @@ class RWLock(_fastpath.Lock):
         att = self._att
         if att is None:
             return
-        # The fast methods forget the handle before the core may close it
-        # (they skip the core's in-flight count: see shl_fast_handle); other
-        # threads' calls meanwhile go through the token, and its count.
-        self._fast_forget()
-        try:
-            _detach(att)
-        except BaseException:
-            self._fast_bind(_fastpath.address(self._h))     # still open
-            raise
+        # The fast methods skip the core's in-flight count (shl_fast_handle):
+        # a close that is decided makes this object forget the handle before
+        # any other thread runs (_fast.close); a refused one changes nothing.
+        _detach(att, self)
         self._fast_bind(0)
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle

@@ -216,7 +216,13 @@ struct shl_lock {
     _Atomic uint64_t fork_gen;
     uint32_t pid;                   /* getpid() when self was taken: getpid() is a
                                        system call, too dear for every write */
-    _Atomic uint32_t held_reads;    /* process-local truth about our holds */
+    _Atomic uint32_t held_reads;    /* process-local truth about our holds ... */
+    /* ... and those the fast calls granted (shl_fast_read): written only by
+     * the fast calls, which their caller serialises (the binding: the GIL),
+     * so a load and a store, never a read-modify-write (a locked
+     * instruction, most of an uncontended pair's cycles).  A release takes
+     * from this count first. */
+    _Atomic uint32_t gil_reads;
     _Atomic int32_t held_excl;      /* 0, SHL_KIND_WRITE or SHL_KIND_UPDATE */
     _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
                                        or EXCL_IN_SESSION (claimed while PINNED) */

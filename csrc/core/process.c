@@ -446,6 +446,7 @@ int reattach(shl_lock *h)
     if (atomic_load_explicit(&h->fork_gen, memory_order_acquire) !=
             atomic_load_explicit(&g_fork_gen, memory_order_relaxed) || self_slot(h) < 0) {
         atomic_store_explicit(&h->held_reads, 0, memory_order_relaxed);
+        atomic_store_explicit(&h->gil_reads, 0, memory_order_relaxed);
         atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed);
         atomic_store_explicit(&h->self, -1, memory_order_relaxed);
         /* An attached process always has a lease watchdog (a forked child

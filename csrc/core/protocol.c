@@ -448,7 +448,7 @@ int shl_try(shl_lock *h, shl_waiter *w)
  * bracket keeps a close from unmapping a handle under a call; here the
  * caller guarantees that no close begins during the call (the binding: the
  * GIL, held by these calls throughout and by every shl_close_begin), and it
- * forgets the handle before closing the token, so the handle is open.  The
+ * forgets the handle as the close is decided, so the handle is open.  The
  * closed check that remains is a relaxed load of a word only a close
  * changes (ordered by the caller's own serialisation with it): a defence,
  * not the guarantee.
@@ -493,7 +493,11 @@ int shl_fast_read(shl_lock *h)
     uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
     uint32_t s = atomic_load_explicit(&h->hdr->state, memory_order_seq_cst); /* [model:READ_LOOK] */
     if (__builtin_expect((s & (ST_PAUSED | ST_OWNER)) == 0 && prev < SHL_READ_HOLDS_MAX, 1)) {
-        atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
+        /* relaxed load and store: only fast calls write gil_reads, and
+         * their caller serialises them (see its field) */
+        atomic_store_explicit(&h->gil_reads,
+                              atomic_load_explicit(&h->gil_reads, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
         return SHL_OK;
     }
     if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
@@ -618,7 +622,25 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
  * split-off part on the uncontended path. */
 #define FAST_INLINE static inline __attribute__((always_inline))
 
-FAST_INLINE int do_release_read(shl_lock *h)
+/* The slot's half of a read release, once a hold was taken from a count:
+ * SHL_OK, or SHL_ECORRUPT (nothing changed: the caller gives the count
+ * back). */
+FAST_INLINE int release_slot_read(shl_lock *h)
+{
+    struct shl_slot *me = &h->slots[self_slot(h)];
+    uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
+    do {
+        if (c == 0)     /* our slot was wiped: only a corrupt segment does that */
+            return SHL_ECORRUPT;
+        /* seq_cst: release half of the drain handshake (see wake_drainers). */
+    } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
+                                                    memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
+    if (c == 1)
+        wake_drainers(h);
+    return SHL_OK;
+}
+
+static int do_release_read(shl_lock *h)
 {
     int r = ensure_attached(h);
     if (r != SHL_OK)
@@ -629,19 +651,10 @@ FAST_INLINE int do_release_read(shl_lock *h)
             return SHL_ENOHOLD;
     } while (!atomic_compare_exchange_weak_explicit(&h->held_reads, &n, n - 1,
                                                     memory_order_relaxed, memory_order_relaxed));
-    struct shl_slot *me = &h->slots[self_slot(h)];
-    uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
-    do {
-        if (c == 0) {   /* our slot was wiped: only a corrupt segment does that */
-            atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
-            return SHL_ECORRUPT;
-        }
-        /* seq_cst: release half of the drain handshake (see wake_drainers). */
-    } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
-                                                    memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
-    if (c == 1)
-        wake_drainers(h);
-    return SHL_OK;
+    r = release_slot_read(h);
+    if (r != SHL_OK)
+        atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
+    return r;
 }
 
 int shl_release_read(shl_lock *h)
@@ -717,9 +730,23 @@ static int release_exclusive(shl_lock *h, int kind)
 int shl_release_write(shl_lock *h)  { return release_exclusive(h, SHL_KIND_WRITE); }
 int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDATE); }
 
+/* do_release_read, taking the hold from the fast calls' count first (a
+ * load and a store: see gil_reads), else from the general one. */
 int shl_fast_release_read(shl_lock *h)
 {
-    return fast_closed(h) ? SHL_ECLOSED : do_release_read(h);
+    if (fast_closed(h))
+        return SHL_ECLOSED;
+    int r = ensure_attached(h);     /* (a fork's child forgets both counts) */
+    if (r != SHL_OK)
+        return r;
+    uint32_t g = atomic_load_explicit(&h->gil_reads, memory_order_relaxed);
+    if (g == 0)
+        return do_release_read(h);
+    atomic_store_explicit(&h->gil_reads, g - 1, memory_order_relaxed); /* see gil_reads */
+    r = release_slot_read(h);
+    if (r != SHL_OK)
+        atomic_store_explicit(&h->gil_reads, g, memory_order_relaxed); /* see gil_reads */
+    return r;
 }
 
 /* do_release_exclusive with the common word written straight: ours,
@@ -732,10 +759,13 @@ int shl_fast_release_exclusive(shl_lock *h, int kind)
         return SHL_ECLOSED;
     if (h->no_slot || !attached_here(h))
         return do_release_exclusive(h, kind);
-    int32_t k = kind;
-    if (!atomic_compare_exchange_strong_explicit(&h->held_excl, &k, 0, memory_order_relaxed,
-                                                 memory_order_relaxed))
+    /* A load and a store, not the CAS of do_release_exclusive: while the
+     * hold is ours no grant writes held_excl, and the releases the fast
+     * calls' caller makes are serialised by it (the binding makes every
+     * release with the GIL held), so no other release runs meanwhile. */
+    if (atomic_load_explicit(&h->held_excl, memory_order_relaxed) != kind)
         return SHL_ENOHOLD;
+    atomic_store_explicit(&h->held_excl, 0, memory_order_relaxed); /* see above */
     struct shl_header *hd = h->hdr;
     const uint32_t ours = ((uint32_t)self_slot(h) + 1) | ST_GRANTED |
                           (kind == SHL_KIND_UPDATE ? ST_UPDATE : 0);

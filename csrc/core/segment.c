@@ -476,6 +476,7 @@ int shl_close_begin(shl_lock *token)
     int ours = self >= 0;
     int r = SHL_OK;
     if (ours && (atomic_load_explicit(&h->held_reads, memory_order_relaxed) != 0 ||
+                 atomic_load_explicit(&h->gil_reads, memory_order_relaxed) != 0 ||
                  atomic_load_explicit(&h->held_excl, memory_order_relaxed) != 0)) {
         r = SHL_EBUSY;
     } else if (ours) {

@@ -102,10 +102,9 @@ typedef PyObject *(*fastcall)(PyObject *, PyObject *const *, Py_ssize_t);
 typedef struct {
     PyObject_HEAD
     shl_lock *h;                /* the token; NULL: not bound yet, or closed */
-    shl_lock *fh;               /* its handle, for the core's fast calls (shl_fast_handle);
-                                   NULL while a close() of the object decides, and after:
-                                   the calls then go through the token (its in-flight
-                                   count) */
+    shl_lock *fh;               /* its handle, for the core's fast calls (shl_fast_handle):
+                                   forgotten with the token when the close of the token
+                                   is decided, before the GIL is let go (_fast.close) */
 } LockObject;
 
 /* One attempt of one kind on one lock: its waiter (the core's bookkeeping

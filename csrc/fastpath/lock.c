@@ -195,16 +195,6 @@ static PyObject *lock_bind(PyObject *self, PyObject *addr)
     Py_RETURN_NONE;
 }
 
-/* _fast_forget(): before a close of the token, which may then succeed (see
- * fastpath.h, LockObject.fh).  Calls of other threads meanwhile go through
- * the token's in-flight count, which the close waits out or refuses for. */
-static PyObject *lock_forget(PyObject *self, PyObject *unused)
-{
-    (void)unused;
-    ((LockObject *)self)->fh = NULL;
-    Py_RETURN_NONE;
-}
-
 static void lock_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
@@ -244,9 +234,7 @@ static PyMethodDef lock_methods[] = {
      "_attempt_block(kind, deadline, flags=0) -> bool: a blocking attempt of any kind."},
     {"_fast_bind", lock_bind, METH_O,
      "_fast_bind(address): the shl_lock * the fast methods use (0: closed)."},
-    {"_fast_forget", lock_forget, METH_NOARGS,
-     "_fast_forget(): the fast calls' handle forgotten, the shl_lock * kept: every call "
-     "goes through its in-flight count (while close() decides)."},
+
     {NULL, NULL, 0, NULL},
 };
 

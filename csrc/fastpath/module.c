@@ -98,22 +98,39 @@ static PyObject *mod_deadline_ns(PyObject *mod, PyObject *timeout)
     return PyLong_FromLongLong(deadline_now(d));
 }
 
-/* close(address) -> int: shl_close of a token.  Every close goes through
- * here: it begins (decides, and marks the handle closed) with the GIL held,
- * so never during one of the fast calls, which hold the GIL from start to
- * end and so skip the core's in-flight count (the objects that used the
- * handle forgot it before); it finishes without the GIL (giving the slot
- * back may wait a moment for the lease watchdog or the keeper). */
-static PyObject *mod_close(PyObject *mod, PyObject *addr)
+/* close(address, owner=None) -> int: shl_close of a token.  Every close
+ * goes through here: it begins (decides, and marks the handle closed) with
+ * the GIL held, so never during one of the fast calls, which hold the GIL
+ * from start to end and so skip the core's in-flight count; a refused close
+ * changes nothing.  Once it is decided, and before the GIL is let go, the
+ * owner (the _fast.Lock whose close this is, if bound to this token) forgets
+ * the token and its handle: the other objects that used it forgot it when
+ * they closed.  It finishes without the GIL (giving the slot back may wait a
+ * moment for the lease watchdog or the keeper). */
+static PyObject *mod_close(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)mod;
     if (!g_ready)
         return not_ready(), NULL;
-    void *p = PyLong_AsVoidPtr(addr);
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "close(address, owner=None)");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
     if (p == NULL && PyErr_Occurred())
         return NULL;
+    PyObject *owner = nargs == 2 ? args[1] : Py_None;
+    if (owner != Py_None && !PyObject_TypeCheck(owner, LockType)) {
+        PyErr_SetString(PyExc_TypeError, "close(): owner must be a _fast.Lock or None");
+        return NULL;
+    }
     int r = core.close_begin((shl_lock *)p);
     if (r == SHL_OK) {
+        LockObject *lo = (LockObject *)owner;
+        if (owner != Py_None && lo->h == (shl_lock *)p) {
+            lo->fh = NULL;
+            lo->h = NULL;
+        }
         Py_BEGIN_ALLOW_THREADS
         core.close_finish((shl_lock *)p);
         Py_END_ALLOW_THREADS
@@ -126,8 +143,9 @@ static PyMethodDef mod_methods[] = {
      "setup(table, error): hand over the core's entry points (once)."},
     {"set_park", mod_set_park, METH_VARARGS,
      "set_park(park, unpark): the asyncio parking code (pyshmlock/_park.py)."},
-    {"close", mod_close, METH_O,
-     "close(address) -> int: the core's shl_close of a handle, with the GIL held."},
+    {"close", (PyCFunction)(void (*)(void))mod_close, METH_FASTCALL,
+     "close(address, owner=None) -> int: the core's shl_close of a handle, begun with "
+     "the GIL held; once decided, owner (a _fast.Lock) forgets the handle."},
     {"deadline_ns", mod_deadline_ns, METH_O,
      "deadline_ns(timeout) -> int\n\nThe timeout rule: seconds to an absolute CLOCK_MONOTONIC\n"
      "deadline in ns.  None, inf and any timeout of 146 years or more wait\n"
