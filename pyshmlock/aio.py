@@ -30,7 +30,7 @@ from ._park import notify_closing
 from ._shmlock import lib
 from .errors import ManagedLockError, managed_error
 from .holds import hold_repr, hold_would_wait, own_holds
-from .info import SessionInfo
+from .info import LockInfo, SessionInfo
 from .lock import (
     DEFAULT_SESSION_TTL,
     FencedUpdate,
@@ -68,8 +68,7 @@ class AsyncHold(_fastpath.Hold):
 
         def acquire(self, timeout: Optional[float] = None) -> Awaitable[bool]:
             """Take the hold: True once had, False on timeout (None waits forever)."""
-    else:
-        acquire = _fastpath.Hold._acquire_async
+    # (acquire is the C base's: csrc/fastpath/hold.c.)
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -138,11 +137,9 @@ class AsyncRWLock(_fastpath.AsyncLock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Any = None,
-                 stale: str = "reset", allow_no_robust: bool = False,
-                 _fail_closed: Optional[bool] = None) -> None:
+                 stale: str = "reset", allow_no_robust: bool = False) -> None:
         self._bind(RWLock(name, create=create, mode=mode, max_processes=max_processes,
-                          group=group, stale=stale, allow_no_robust=allow_no_robust,
-                          _fail_closed=_fail_closed))
+                          group=group, stale=stale, allow_no_robust=allow_no_robust))
         self.name = name
         self.reader_lock = AsyncHold(self._lock, lib.SHL_KIND_READ, None)
         self.writer_lock = AsyncHold(self._lock, lib.SHL_KIND_WRITE, None)
@@ -256,7 +253,7 @@ class AsyncRWLock(_fastpath.AsyncLock):
         (synchronous; ``await is_locked()`` is SGLang's spelling)."""
         return self._lock.is_locked()
 
-    def info(self) -> Any:
+    def info(self) -> LockInfo:
         """A snapshot of the lock (see RWLock.info)."""
         return self._lock.info()
 

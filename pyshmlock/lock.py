@@ -236,11 +236,10 @@ class RWLock(_fastpath.Lock):
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
                  max_processes: int = 256, group: Union[int, str, None] = None,
-                 stale: str = "reset", allow_no_robust: bool = False,
-                 _fail_closed: Optional[bool] = None) -> None:
+                 stale: str = "reset", allow_no_robust: bool = False) -> None:
         check_name(name)
-        if _fail_closed is None:     # a cluster host's lock: the host setting says so
-            _fail_closed = bool(create) and fail_closed_for(name)
+        # A cluster host's lock (its host setting says so) is created paused.
+        fail_closed = bool(create) and fail_closed_for(name)
         gid = check_group(group)
         check_stale(stale)
         check_mode(mode)
@@ -249,7 +248,7 @@ class RWLock(_fastpath.Lock):
         check_bool(allow_no_robust, "allow_no_robust")
         self.name = name
         self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
-                                                   gid, _fail_closed, allow_no_robust)
+                                                   gid, fail_closed, allow_no_robust)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         if self._att.refs == 1:      # this process's first attachment to the segment

@@ -59,8 +59,18 @@ def test_fenced_updates_from_asyncio(lock_name):
     asyncio.run(asyncio.wait_for(main(), 20))
 
 
-def test_a_fail_closed_segment_is_born_paused_under_a_passed_lease(lock_name):
-    lk = pyshmlock.RWLock(lock_name, _fail_closed=True)
+@pytest.fixture
+def host_setting(lock_name, tmp_path, monkeypatch):
+    """A cluster host's setting for lock_name (the real file its agent
+    writes), in a directory of this test's."""
+    from pyshmlock._hostconf import ENV, write_setting
+    monkeypatch.setenv(ENV, str(tmp_path))
+    write_setting(lock_name, "test-cluster", ["http://127.0.0.1:1"], "host-a")
+    return tmp_path
+
+
+def test_a_fail_closed_segment_is_born_paused_under_a_passed_lease(lock_name, host_setting):
+    lk = pyshmlock.RWLock(lock_name)
     try:
         info = lk.info()
         assert info.paused and info.lease_remaining is not None and info.lease_remaining < 0
@@ -74,15 +84,18 @@ def test_a_fail_closed_segment_is_born_paused_under_a_passed_lease(lock_name):
         lk.close()
 
 
-def test_fail_closed_does_not_touch_an_existing_segment(lock, lock_name):
-    again = pyshmlock.RWLock(lock_name, _fail_closed=True)
+def test_fail_closed_does_not_touch_an_existing_segment(lock, lock_name, tmp_path,
+                                                        monkeypatch):
+    from pyshmlock._hostconf import ENV, write_setting
+    monkeypatch.setenv(ENV, str(tmp_path))
+    write_setting(lock_name, "test-cluster", ["http://127.0.0.1:1"], "host-a")
+    again = pyshmlock.RWLock(lock_name)
     assert not again.paused
     again.close()
 
 
-def test_a_stale_reset_never_opens_a_fail_closed_segment(lock_name):
-    code = ("import pyshmlock, sys; lk = pyshmlock.RWLock(sys.argv[1], _fail_closed=True); "
-            "import os; os._exit(0)")
+def test_a_stale_reset_never_opens_a_fail_closed_segment(lock_name, host_setting):
+    code = "import pyshmlock, sys; lk = pyshmlock.RWLock(sys.argv[1]); import os; os._exit(0)"
     subprocess.run([sys.executable, "-c", code, lock_name], check=True, timeout=30)
     lk = pyshmlock.RWLock(lock_name)                  # stale="reset"
     try:

@@ -169,25 +169,25 @@ static void alock_dealloc(PyObject *self)
 
 static PyMethodDef alock_methods[] = {
     {"acquire_read", FASTCALL_KW(alock_acquire_read), METH_FASTCALL | METH_KEYWORDS,
-     "acquire_read(timeout=None) -> awaitable of bool\n\nTake a shared hold without "
+     "acquire_read($self, /, timeout=None)\n--\n\nAn awaitable of bool.  Take a shared hold without "
      "blocking the event loop; False on timeout\n(see RWLock.acquire_read)."},
     {"acquire_write", FASTCALL_KW(alock_acquire_write), METH_FASTCALL | METH_KEYWORDS,
-     "acquire_write(timeout=None) -> awaitable of bool\n\nTake the exclusive hold; False "
+     "acquire_write($self, /, timeout=None)\n--\n\nAn awaitable of bool.  Take the exclusive hold; False "
      "on timeout (see RWLock.acquire_write)."},
     {"acquire_update", FASTCALL_KW(alock_acquire_update), METH_FASTCALL | METH_KEYWORDS,
-     "acquire_update(timeout=None) -> awaitable of bool\n\nTake the pause-aware exclusive "
+     "acquire_update($self, /, timeout=None)\n--\n\nAn awaitable of bool.  Take the pause-aware exclusive "
      "hold (see RWLock.acquire_update)."},
     {"release_read", alock_release_read, METH_NOARGS,
-     "Give back one read hold of this process (RuntimeError if none)."},
+     "release_read($self, /)\n--\n\nGive back one read hold of this process (RuntimeError if none)."},
     {"release_write", alock_release_write, METH_NOARGS,
-     "Give back this process's write hold (RuntimeError if none)."},
+     "release_write($self, /)\n--\n\nGive back this process's write hold (RuntimeError if none)."},
     {"release_update", alock_release_update, METH_NOARGS,
-     "Give back this process's update hold (RuntimeError if none)."},
+     "release_update($self, /)\n--\n\nGive back this process's update hold (RuntimeError if none)."},
     {"_attempt", FASTCALL(alock_attempt), METH_FASTCALL,
-     "_attempt(kind, deadline, flags=0, now=False) -> awaitable of bool."},
+     "_attempt($self, kind, deadline, flags=0, now=False, /)\n--\n\nAn awaitable of bool."},
     {"_begin_session_attempt", FASTCALL(alock_begin_session_attempt), METH_FASTCALL,
-     "_begin_session_attempt(deadline, ttl_ns) -> awaitable of token, None or False."},
-    {"_bind", alock_bind, METH_O, "_bind(lock): the RWLock this object works on."},
+     "_begin_session_attempt($self, deadline, ttl_ns, /)\n--\n\nAn awaitable of a token, None or False."},
+    {"_bind", alock_bind, METH_O, "_bind($self, lock, /)\n--\n\nThe RWLock this object works on."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -171,9 +171,9 @@ static PyObject *no_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 }
 
 static PyMethodDef done_methods[] = {
-    {"send", done_send, METH_O, "send(value): completed, so StopIteration(result)."},
-    {"throw", FASTCALL(done_throw), METH_FASTCALL, "throw(exc): raise it."},
-    {"close", done_close, METH_NOARGS, "close(): nothing to do."},
+    {"send", done_send, METH_O, "send($self, value, /)\n--\n\nCompleted: StopIteration(result)."},
+    {"throw", FASTCALL(done_throw), METH_FASTCALL, "throw($self, typ, val=None, tb=None, /)\n--\n\nRaise it."},
+    {"close", done_close, METH_NOARGS, "close($self, /)\n--\n\nNothing to do."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -638,12 +638,12 @@ static PyMemberDef attempt_members[] = {
 };
 
 static PyMethodDef attempt_methods[] = {
-    {"send", attempt_send, METH_O, "send(value): try (again); yields a future to wait on."},
+    {"send", attempt_send, METH_O, "send($self, value, /)\n--\n\nTry (again); yields a future to wait on."},
     {"throw", FASTCALL(attempt_throw), METH_FASTCALL,
-     "throw(exc): withdraw the attempt, then raise exc."},
-    {"close", attempt_close, METH_NOARGS, "close(): withdraw the attempt."},
+     "throw($self, typ, val=None, tb=None, /)\n--\n\nWithdraw the attempt, then raise."},
+    {"close", attempt_close, METH_NOARGS, "close($self, /)\n--\n\nWithdraw the attempt."},
     {"_cancel", attempt_cancel_method, METH_NOARGS,
-     "_cancel(): withdraw now, without calling the parking code."},
+     "_cancel($self, /)\n--\n\nWithdraw now, without calling the parking code."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -288,20 +288,26 @@ static PyObject *hold_keep_bound(PyObject *self, PyObject *unused);
 
 static PyMethodDef hold_methods[] = {
     /* BOUND_ENTER .. BOUND_AEXIT index these four entries. */
-    {"__enter__", hold_enter, METH_NOARGS, "Take the hold (TimeoutError if not had in time)."},
-    {"__exit__", FASTCALL(hold_exit), METH_FASTCALL, "Give the hold back."},
+    {"__enter__", hold_enter, METH_NOARGS, "__enter__($self, /)\n--\n\nTake the hold (TimeoutError if not had in time)."},
+    {"__exit__", FASTCALL(hold_exit), METH_FASTCALL,
+     "__exit__($self, /, *exc_info)\n--\n\nGive the hold back."},
     {"__aenter__", hold_aenter, METH_NOARGS,
-     "Take the hold without blocking the event loop: an awaitable of the hold\n"
+     "__aenter__($self, /)\n--\n\nTake the hold without blocking the event loop: an awaitable of the hold\n"
      "(TimeoutError if not had in time).  Tried at once; it parks only if it\n"
      "must wait."},
     {"__aexit__", FASTCALL(hold_aexit), METH_FASTCALL,
-     "Give the hold back (at once); an awaitable of None."},
+     "__aexit__($self, /, *exc_info)\n--\n\nGive the hold back (at once); an awaitable of None."},
     {"release", hold_release, METH_NOARGS,
-     "Give the hold back (NotHeldError, a RuntimeError, if this process has none)."},
+     "release($self, /)\n--\n\nGive the hold back (NotHeldError, a RuntimeError, if this process\n"
+     "has none)."},
     {"_acquire_async", FASTCALL_KW(hold_acquire_async), METH_FASTCALL | METH_KEYWORDS,
-     "_acquire_async(timeout=None): an awaitable of True once had, False on timeout."},
+     "_acquire_async($self, /, timeout=None)\n--\n\nAn awaitable of True once had, False on timeout."},
+    {"acquire", FASTCALL_KW(hold_acquire_async), METH_FASTCALL | METH_KEYWORDS,
+     "acquire($self, /, timeout=None)\n--\n\nTake the hold without blocking the event loop: an awaitable of True\n"
+     "once had, False on timeout (None waits forever).  SyncHold has its own,\n"
+     "shaped like threading.Lock's."},
     {"_keep_bound", hold_keep_bound, METH_NOARGS,
-     "Keep this hold's bound __enter__/__exit__/__aenter__/__aexit__ and its\n"
+     "_keep_bound($self, /)\n--\n\nKeep this hold's bound __enter__/__exit__/__aenter__/__aexit__ and its\n"
      "completed awaitable for every `with` (for the long-lived holds of a lock:\n"
      "they form a reference cycle)."},
     {NULL, NULL, 0, NULL},
@@ -453,7 +459,7 @@ static PyGetSetDef hold_getset[] = {
 };
 
 static PyType_Slot hold_slots[] = {
-    {Py_tp_doc, (void *)"Base type of the hold objects: __enter__/__exit__ and\n"
+    {Py_tp_doc, (void *)"Hold(lock, kind, timeout=None)\n--\n\nBase type of the hold objects: __enter__/__exit__ and\n"
                         "__aenter__/__aexit__ in C."},
     {Py_tp_methods, hold_methods},
     {Py_tp_members, hold_members},

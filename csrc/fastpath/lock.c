@@ -205,35 +205,35 @@ static void lock_dealloc(PyObject *self)
 
 static PyMethodDef lock_methods[] = {
     {"acquire_read", FASTCALL_KW(lock_acquire_read), METH_FASTCALL | METH_KEYWORDS,
-     "acquire_read(timeout=None) -> bool\n\nTake a shared hold.  Waits while the lock "
+     "acquire_read($self, /, timeout=None)\n--\n\nTake a shared hold.  Waits while the lock "
      "is paused, or while a writer\nholds it or queued before this reader."},
     {"release_read", lock_release_read, METH_NOARGS,
-     "Give back one read hold of this process (RuntimeError if none)."},
+     "release_read($self, /)\n--\n\nGive back one read hold of this process (RuntimeError if none)."},
     {"acquire_write", FASTCALL_KW(lock_acquire_write), METH_FASTCALL | METH_KEYWORDS,
-     "acquire_write(timeout=None) -> bool\n\nTake the exclusive hold: blocks new readers "
+     "acquire_write($self, /, timeout=None)\n--\n\nTake the exclusive hold: blocks new readers "
      "at once, then waits for\nevery read hold in every process, paused or not."},
     {"release_write", lock_release_write, METH_NOARGS,
-     "Give back this process's write hold (RuntimeError if none)."},
+     "release_write($self, /)\n--\n\nGive back this process's write hold (RuntimeError if none)."},
     {"acquire_update", FASTCALL_KW(lock_acquire_update), METH_FASTCALL | METH_KEYWORDS,
-     "acquire_update(timeout=None) -> bool\n\nTake the pause-aware exclusive hold.\n\n"
+     "acquire_update($self, /, timeout=None)\n--\n\nTake the pause-aware exclusive hold.\n\n"
      "Exclusive against every write or update hold.  If the lock is paused\nit does not "
      "wait for readers (the pause froze them) and it pins the\npause: resume() waits until "
      "the update is released.  If not paused\nit waits for readers like a writer, and "
      "proceeds at once if a pause\narrives while it waits."},
     {"release_update", lock_release_update, METH_NOARGS,
-     "Give back this process's update hold (RuntimeError if none)."},
+     "release_update($self, /)\n--\n\nGive back this process's update hold (RuntimeError if none)."},
     {"wait_resumed", FASTCALL_KW(lock_wait_resumed), METH_FASTCALL | METH_KEYWORDS,
-     "wait_resumed(timeout=None) -> bool\n\nWait until the lock is not paused; False on "
+     "wait_resumed($self, /, timeout=None)\n--\n\nWait until the lock is not paused; False on "
      "timeout."},
     {"wait_drained", FASTCALL_KW(lock_wait_drained), METH_FASTCALL | METH_KEYWORDS,
-     "wait_drained(timeout=None) -> bool\n\nWait until no read hold exists in any process; "
+     "wait_drained($self, /, timeout=None)\n--\n\nWait until no read hold exists in any process; "
      "False on timeout."},
     {"_begin_session_block", FASTCALL(lock_begin_session_block), METH_FASTCALL,
-     "_begin_session_block(deadline, ttl_ns) -> token, None (pinned first) or False."},
+     "_begin_session_block($self, deadline, ttl_ns, /)\n--\n\nA token, None (pinned first) or False."},
     {"_attempt_block", FASTCALL(lock_attempt_block), METH_FASTCALL,
-     "_attempt_block(kind, deadline, flags=0) -> bool: a blocking attempt of any kind."},
+     "_attempt_block($self, kind, deadline, flags=0, /)\n--\n\nA blocking attempt of any kind: a bool."},
     {"_fast_bind", lock_bind, METH_O,
-     "_fast_bind(address): the shl_lock * the fast methods use (0: closed)."},
+     "_fast_bind($self, address, /)\n--\n\nThe shl_lock * the fast methods use (0: closed)."},
 
     {NULL, NULL, 0, NULL},
 };

@@ -140,14 +140,14 @@ static PyObject *mod_close(PyObject *mod, PyObject *const *args, Py_ssize_t narg
 
 static PyMethodDef mod_methods[] = {
     {"setup", mod_setup, METH_VARARGS,
-     "setup(table, error): hand over the core's entry points (once)."},
+     "setup(table, error, /)\n--\n\nHand over the core's entry points (once)."},
     {"set_park", mod_set_park, METH_VARARGS,
-     "set_park(park, unpark): the asyncio parking code (pyshmlock/_park.py)."},
+     "set_park(park, unpark, /)\n--\n\nThe asyncio parking code (pyshmlock/_park.py)."},
     {"close", (PyCFunction)(void (*)(void))mod_close, METH_FASTCALL,
-     "close(address, owner=None) -> int: the core's shl_close of a handle, begun with "
-     "the GIL held; once decided, owner (a _fast.Lock) forgets the handle."},
+     "close(address, owner=None, /)\n--\n\nThe core's shl_close of a handle (an int result), begun with the\n"
+     "GIL held; once decided, owner (a _fast.Lock) forgets the handle."},
     {"deadline_ns", mod_deadline_ns, METH_O,
-     "deadline_ns(timeout) -> int\n\nThe timeout rule: seconds to an absolute CLOCK_MONOTONIC\n"
+     "deadline_ns(timeout, /)\n--\n\nThe timeout rule: seconds to an absolute CLOCK_MONOTONIC\n"
      "deadline in ns.  None, inf and any timeout of 146 years or more wait\n"
      "forever (-1); 0 tries once (0).  Negative or NaN is a ValueError;\n"
      "anything but None or a real number (a str, a bool) is a TypeError."},
