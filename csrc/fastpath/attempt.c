@@ -222,14 +222,14 @@ int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
 }
 
 /* attempt_block after a first try (first_try's answer `first`, not 1) of a
- * hold whose timeout is not converted yet (call_timeout): the deadline is
- * computed now, and a timeout the rule refuses withdraws what the first
- * try left. */
-int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, const char *what,
-                          int first, shl_waiter *w)
+ * hold whose timeout (NULL: converted already into `deadline`, see
+ * timeout_prepare) is not converted yet: the deadline is computed now (an
+ * exact int or float, or None: no Python code runs), and a timeout the rule
+ * refuses withdraws what the first try left. */
+int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, int64_t deadline,
+                          const char *what, int first, shl_waiter *w)
 {
-    int64_t deadline;
-    if (to_deadline(timeout, &deadline) < 0) {
+    if (timeout != NULL && to_deadline(timeout, &deadline) < 0) {
         if (first == 0)
             core.cancel(((const LockObject *)lock)->h, w);
         return -1;

@@ -202,9 +202,12 @@ void small_ints_ready(void)
 /*
  * Is `timeout` valid under the timeout rule?  0, or -1 with the rule's
  * exception set.  None, a small non-negative int and a non-negative float
- * are known without a conversion that matters; anything else takes the
- * rule itself.  The deadline is computed only when a try has failed
- * (to_deadline): a hold granted at once costs these checks only.
+ * are known without a conversion that matters; another int or float takes
+ * the rule itself (which runs no Python code on them).  Any other object
+ * (a subclass, a Fraction) is left to the caller's conversion, made before
+ * its first try (timeout_prepare): converting it may run Python code.  The
+ * deadline is computed only when a try has failed (to_deadline): a hold
+ * granted at once costs these checks only.
  */
 int timeout_valid(PyObject *timeout)
 {
@@ -214,6 +217,8 @@ int timeout_valid(PyObject *timeout)
         return 0;
     if (PyFloat_CheckExact(timeout) && PyFloat_AsDouble(timeout) >= 0)
         return 0;               /* (NaN is not >= 0: the rule raises) */
+    if (!PyFloat_CheckExact(timeout) && !PyLong_CheckExact(timeout))
+        return 0;               /* converted by the caller, before its first try */
     int64_t unused;
     return to_deadline(timeout, &unused);
 }

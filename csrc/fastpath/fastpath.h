@@ -202,6 +202,20 @@ static inline PyObject *call_timeout(const char *what, PyObject *const *args,
     }
     return call_timeout_arg(what, args, nargs, kwnames);
 }
+/* The timeout of a hold call (call_timeout's), before its first try: 1
+ * deferred (None, an exact int or float: converted only once a try has
+ * failed, which runs no Python code), 0 converted now into *deadline, or -1
+ * with the rule's exception.  Any other object is converted now, while
+ * nothing is registered: its conversion may run Python code (a __float__,
+ * a Fraction's, a signal handler, the GC's finalisers), and no Python code
+ * may run while an attempt holds a registration (attempt.c: a handler may
+ * use the same lock, or close it). */
+static inline int timeout_prepare(PyObject *t, int64_t *deadline)
+{
+    if (t == Py_None || PyFloat_CheckExact(t) || PyLong_CheckExact(t))
+        return 1;
+    return to_deadline(t, deadline) < 0 ? -1 : 0;
+}
 PyObject *raise_rc(int rc, const char *what, PyObject *name, int err);
 int not_ready(void);
 PyObject *lock_name(PyObject *self);
@@ -243,8 +257,8 @@ int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what);
 int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                        const char *what, const shl_waiter *first);
-int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, const char *what,
-                          int first, shl_waiter *w);
+int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, int64_t deadline,
+                          const char *what, int first, shl_waiter *w);
 
 /*
  * The first try of a blocking attempt, with the GIL held, through the

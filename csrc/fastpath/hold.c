@@ -105,12 +105,16 @@ static PyObject *hold_enter(PyObject *self, PyObject *unused)
     Py_INCREF(lock);
     Py_INCREF(timeout);
     PyObject *result = NULL;
-    if (timeout != Py_None && timeout_valid(timeout) < 0)
+    int64_t deadline = 0;
+    int deferred = timeout == Py_None ? 1 : timeout_valid(timeout) < 0
+                                              ? -1 : timeout_prepare(timeout, &deadline);
+    if (deferred < 0)
         goto done;
     shl_waiter w;
     int r = first_try((const LockObject *)lock, kind, &w);
     if (r != 1)
-        r = attempt_block_timeout(lock, kind, timeout, KIND[kind].hold, r, &w);
+        r = attempt_block_timeout(lock, kind, deferred ? timeout : NULL, deadline,
+                                  KIND[kind].hold, r, &w);
     if (r < 0)
         goto done;
     if (r == 0) {

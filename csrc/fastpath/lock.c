@@ -94,11 +94,16 @@ static inline __attribute__((always_inline)) PyObject *lock_acquire(PyObject *se
     PyObject *timeout = call_timeout(KIND[kind].call, args, nargs, kwnames);
     if (timeout == NULL)
         return NULL;
+    int64_t deadline = 0;
+    int deferred = timeout_prepare(timeout, &deadline);
+    if (deferred < 0)
+        return NULL;
     shl_waiter w;
     int r = first_try((const LockObject *)self, kind, &w);
     if (r == 1)
         Py_RETURN_TRUE;
-    r = attempt_block_timeout(self, kind, timeout, KIND[kind].call, r, &w);
+    r = attempt_block_timeout(self, kind, deferred ? timeout : NULL, deadline, KIND[kind].call,
+                              r, &w);
     if (r < 0)
         return NULL;
     return PyBool_FromLong(r);

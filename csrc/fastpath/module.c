@@ -35,11 +35,34 @@ static void *entry(PyObject *table, const char *name)
 /* setup(table, error): table maps "shl_try", ... to addresses taken from
  * the cffi module; error(rc, what, name, errno) builds the exception for a
  * negative return code. */
+/* The interpreter that set the module up.  Its state (the core's table,
+ * the error mapping, the parking code) is the process's, and holds that
+ * interpreter's objects: a sub-interpreter importing pyshmlock would
+ * replace them with its own, which die with it (the next error raised in
+ * the main interpreter would call a function whose module was cleared). */
+static PyInterpreterState *g_interp;
+
+static int same_interpreter(void)
+{
+    PyInterpreterState *is = PyInterpreterState_Get();
+    if (g_interp != NULL && g_interp != is) {
+        PyErr_SetString(PyExc_ImportError,
+                        "pyshmlock runs in one interpreter per process, and this process "
+                        "imported it in another one first: sub-interpreters are not "
+                        "supported (use it from the main interpreter)");
+        return -1;
+    }
+    g_interp = is;
+    return 0;
+}
+
 static PyObject *mod_setup(PyObject *mod, PyObject *args)
 {
     (void)mod;
     PyObject *table, *error;
     if (!PyArg_ParseTuple(args, "O!O", &PyDict_Type, &table, &error))
+        return NULL;
+    if (same_interpreter() < 0)
         return NULL;
 #define ENTRY(field, name)                                           \
     do {                                                             \
@@ -80,6 +103,8 @@ static PyObject *mod_set_park(PyObject *mod, PyObject *args)
     (void)mod;
     PyObject *park, *unpark;
     if (!PyArg_ParseTuple(args, "OO", &park, &unpark))
+        return NULL;
+    if (same_interpreter() < 0)
         return NULL;
     Py_INCREF(park);
     Py_XSETREF_COMPAT(g_park, park);
