@@ -255,7 +255,7 @@ class RWLock(_fastpath.Lock):
             try:
                 _apply_stale_policy(self._h, name, stale)
             except BaseException:
-                _detach(self._att)
+                _detach(self._att, self)
                 raise
         self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)
         self.writer_lock = SyncHold(self, lib.SHL_KIND_WRITE, None)
