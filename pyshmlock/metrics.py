@@ -31,6 +31,7 @@ from typing import (
     Union,
 )
 
+from ._args import check_name
 from .lock import LockInfo
 
 __all__ = ["LOCK_METRICS", "METRICS", "LockCollector", "Metric", "Unreadable", "exposition",
@@ -190,11 +191,19 @@ class LockCollector:
     corrupt or other-layout segment, no permission) reports
     ``pyshmlock_lock_readable{error="..."} 0``; the other locks and the
     application's own metrics flow as usual.
+
+    ``names`` is an iterable of lock names, checked here, once: a ``str``
+    (which would watch one lock per character) or a non-str name is a
+    TypeError, an invalid name a ValueError, so that no scrape can fail
+    because of them.
     """
 
     def __init__(self, names: Iterable[str],
                  snapshot: Optional[Callable[[str], LockInfo]] = None) -> None:
-        self.names = list(names)
+        if isinstance(names, (str, bytes)):
+            raise TypeError(f"names is an iterable of lock names, not one "
+                            f"{type(names).__name__}: LockCollector([{names!r}])")
+        self.names = [check_name(n) for n in names]
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:
