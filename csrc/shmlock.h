@@ -217,8 +217,9 @@ uint32_t shl_platform(void);
  * process of an older release stopped: an upgrade) is removed and created
  * anew when SHL_OPEN_CREATE is given (info->replaced); while a process uses
  * it, SHL_EVERSION names one of them (info->live_pid).
- * A new segment gets permission bits `mode` (exactly; umask does not apply)
- * and, if group >= 0, that group; its space is reserved before it is
+ * A new segment gets permission bits `mode` (exactly; umask does not apply;
+ * a mode without owner read and write, 0600, is SHL_EINVAL: the creator
+ * could not open it again) and, if group >= 0, that group; its space is reserved before it is
  * written (a full /dev/shm is SHL_ESYS with ENOSPC, and the name is gone
  * again).  An existing one is refused (SHL_EPERM) unless it is owned by
  * this effective uid, or group >= 0 and its group is `group`; and unless

@@ -356,7 +356,10 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     int create = (flags & SHL_OPEN_CREATE) != 0;
     *out = NULL;
     memset(info, 0, sizeof *info);
-    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
+    /* A mode must give the owner read and write: without them the
+     * creator's own next open would be refused (EACCES). */
+    if (!valid_name(name) || mode > 0777 || (mode & 0600) != 0600 ||
+        group > (int64_t)UINT32_MAX - 1 ||
         (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT |
                    SHL_OPEN_NO_ROBUST)))
         return SHL_EINVAL;
