@@ -30,14 +30,15 @@ from typing import List, Optional, Tuple
 from ._args import check_name, segment_path
 from .errors import (
     LayoutVersionError,
-    LockInUseError,
     PyshmlockError,
     UninitializedSegmentError,
+    cli_message,
 )
 from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, inspect, unlink
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE = 0, 1, 3, 2
 EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_PIPE = 141          # 128 + SIGPIPE: the reader of our output stopped (`| head`)
 
 EXIT_CODES = """exit codes:
   0      success
@@ -45,6 +46,8 @@ EXIT_CODES = """exit codes:
          is not a usable lock, a failed demo scenario, a removed lock (watch)
   2      usage: bad command line
   3      timeout: `resume` found the pause still pinned by an update hold
+  141    the reader of the output stopped early (`pyshmlock status NAME | head`),
+         as a shell reports a command stopped by SIGPIPE; nothing is printed
   128+N  `demo` stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP"""
 
 NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
@@ -199,9 +202,8 @@ def stale_text(info: LockInfo) -> str:
         pids = ", ".join(map(str, info.dead_pids)) or "?"
         left.append(f"holds or claims of dead pid {pids}")
     return (f"nobody is attached; left behind: {' and '.join(left)}. Dead processes' holds "
-            "are reclaimed by the first attached process that waits on them or looks "
-            "(info(), status of an attached tool)" + (f"; the next opener: {will[0]}"
-                                                         if will else ""))
+            "are reclaimed by the first attached process that waits on them or looks at "
+            "the lock" + (f"; the next opener: {will[0]}" if will else ""))
 
 
 def list_locks() -> List[str]:
@@ -342,10 +344,22 @@ def cmd_rm(args: argparse.Namespace) -> int:
         unlink(name, force=args.force)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host") from None
-    except LockInUseError as e:
-        raise _Fail(f"{e}; `pyshmlock rm --force {name}` removes it anyway") from None
     print(f"{name}: removed")
     return EXIT_OK
+
+
+def _output_file(text: str) -> str:
+    """argparse type: a file to write, in a directory that exists (a
+    benchmark run takes minutes: a path it cannot write is refused first,
+    and no directory is ever created)."""
+    where = os.path.dirname(os.path.abspath(text)) or "/"
+    if not os.path.isdir(where):
+        raise argparse.ArgumentTypeError(f"no such directory: {where}")
+    if not os.access(where, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {where}")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a directory")
+    return text
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -422,8 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_rm)
     s = command("bench", "multi-process benchmarks next to the usual peers")
     s.add_argument("--quick", action="store_true", help="a run under a minute")
-    s.add_argument("--json", default="pyshmlock-bench.json", help="where to write results")
-    s.add_argument("--png", default=None, help="also draw a chart (needs matplotlib)")
+    s.add_argument("--json", type=_output_file, default="pyshmlock-bench.json",
+                   help="where to write results (its directory must exist)")
+    s.add_argument("--png", type=_output_file, default=None,
+                   help="also draw a chart (needs matplotlib; its directory must exist)")
     s.set_defaults(fn=cmd_bench)
     s = command("demo", "an SGLang-shaped multi-worker server, driven through "
                         "the pause/update races")
@@ -473,25 +489,86 @@ def require_extra(command: str) -> None:
                     f"{', '.join(missing)}): pip install 'pyshmlock[{extra}]'")
 
 
+def names_after_options(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """argv with every lock name that starts with '-' moved after a '--'.
+
+    argparse takes `-name` for an option; a lock name may start with '-'
+    (`[A-Za-z0-9._-]`).  So an argument of a command that is not one of
+    that command's options (nor an abbreviation of one, nor an option's
+    value) but is a valid lock name is moved to the end, after '--', where
+    argparse reads it as the positional it is.  Anything else (an unknown
+    option that is not a valid name) is left for argparse to refuse."""
+    if "--" in argv:
+        return argv
+    sub, i = parser, -1
+    while True:          # down to the command itself (`cluster status` is two levels)
+        subs = next((a.choices for a in sub._actions
+                     if isinstance(a, argparse._SubParsersAction)), None)
+        if not subs:
+            break
+        i = next((k for k in range(i + 1, len(argv)) if not argv[k].startswith("-")), -1)
+        if i < 0 or argv[i] not in subs:
+            return argv
+        sub = subs[argv[i]]
+    takes_value = {opt: a.nargs != 0 for a in sub._actions for opt in a.option_strings}
+    head, rest, names = argv[:i + 1], [], []
+    k = i + 1
+    while k < len(argv):
+        a = argv[k]
+        known = a.split("=", 1)[0]
+        matches = [o for o in takes_value if o == known or
+                   (known.startswith("--") and o.startswith(known))]
+        if a.startswith("-") and not matches and a != "-" and _is_name(a):
+            names.append(a)
+        else:
+            rest.append(a)
+            if len(matches) == 1 and "=" not in a and takes_value[matches[0]] \
+                    and k + 1 < len(argv):
+                k += 1
+                rest.append(argv[k])      # the option's value, whatever it looks like
+        k += 1
+    return head + rest + (["--", *names] if names else [])
+
+
+def _is_name(text: str) -> bool:
+    try:
+        check_name(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _print(text: str) -> None:
+    print(f"pyshmlock: {text}", file=sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `pyshmlock` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(names_after_options(
+        parser, list(sys.argv[1:] if argv is None else argv)))
     try:
         require_extra(args.command)
-        return int(args.fn(args))
+        code = int(args.fn(args))
+        sys.stdout.flush()            # here, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        # The reader stopped early (`pyshmlock status NAME | head -1`): say
+        # nothing, and keep the interpreter's last flush from failing too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
     except _Fail as e:
-        print(f"pyshmlock: {e}", file=sys.stderr)
+        _print(str(e))
         return e.code
     except PermissionError as e:
         # The library's own message names the owner, the mode and what to do;
         # a bare system refusal gets the path.
-        msg = e.strerror or str(e)
-        if e.filename and str(e.filename) not in msg:
-            msg = f"{msg}: {e.filename}"
-        print(f"pyshmlock: permission denied: {msg}", file=sys.stderr)
+        _print(f"permission denied: {cli_message(e)}")
         return EXIT_ERROR
     except (PyshmlockError, OSError, ValueError) as e:
-        print(f"pyshmlock: {e}", file=sys.stderr)
+        _print(cli_message(e))
         return EXIT_ERROR
 
 

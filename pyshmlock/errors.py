@@ -9,7 +9,7 @@ import errno as _errno
 import grp
 import os
 import pwd
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from ._args import segment_path
 from ._shmlock import ffi, lib
@@ -103,6 +103,38 @@ class FencingError(PyshmlockError, RuntimeError):
     seen: a newer update superseded the caller, which must not write."""
 
 
+#: The attribute an exception carries its message for the `pyshmlock`
+#: command under: the same facts, with the fix as a command line instead of
+#: a Python call (:func:`cli_message` reads it).
+CLI_MESSAGE = "_pyshmlock_cli_message"
+
+E = TypeVar("E", bound=BaseException)
+
+
+def advised(e: E, cli: str) -> E:
+    """``e``, whose message for the `pyshmlock` command is ``cli``."""
+    setattr(e, CLI_MESSAGE, cli)
+    return e
+
+
+def cli_message(e: BaseException) -> str:
+    """What the `pyshmlock` command prints for ``e``: its CLI message, or
+    its own (an OSError's with the file it names)."""
+    text = getattr(e, CLI_MESSAGE, None)
+    if isinstance(text, str):
+        return text
+    if isinstance(e, OSError) and e.strerror:
+        msg = e.strerror
+        if e.filename and str(e.filename) not in msg:
+            msg = f"{msg}: {e.filename}"
+        return msg
+    return str(e)
+
+
+def _cmd(name: Optional[str]) -> str:
+    return name if name is not None else "NAME"
+
+
 def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
     """Build the exception for a negative C return code ``rc`` of call ``what``."""
     where = f"lock {name!r}: " if name else ""
@@ -116,24 +148,35 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             f"{where}all process slots are taken by live processes "
             "(max_processes is fixed by the lock's creator)")
     if rc == lib.SHL_EFOREIGN:
-        return ForeignSegmentError(
-            f"{where}the shared-memory segment under this name is not a pyshmlock lock")
+        seg = segment_path(name) if name else "/dev/shm/pyshmlock.NAME"
+        fact = (f"{where}the shared-memory segment under this name is not a pyshmlock lock "
+                f"(something else made {seg}); find out what did (`ls -l {seg}`), then "
+                "remove it")
+        return advised(ForeignSegmentError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                       f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_EVERSION:
         return LayoutVersionError(
             f"{where}the segment is a pyshmlock lock of another layout version; "
             "every process must use the same pyshmlock release")
     if rc == lib.SHL_ECORRUPT:
-        return CorruptSegmentError(f"{where}{what}: the shared segment is corrupt")
+        fact = (f"{where}{what}: the shared segment is corrupt; stop the processes that use "
+                "it, then remove it")
+        return advised(CorruptSegmentError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                       f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_ESIZE:
-        return SegmentSizeError(f"{where}{what}: the segment's size is not the size "
-                                "its header describes")
+        fact = (f"{where}{what}: the segment's size is not the size its header describes; "
+                "stop the processes that use it, then remove it")
+        return advised(SegmentSizeError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                       f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_EPERM:
         return PermissionError(_errno.EPERM, f"{where}{what}: the segment is owned by "
                                "another user or grants more than the requested mode")
     if rc == lib.SHL_EINIT:
-        return UninitializedSegmentError(
-            f"{where}the segment was never initialised (its creator died while "
-            "creating it?); remove it with pyshmlock.unlink(name, force=True)")
+        fact = (f"{where}the segment was never initialised (its creator died while "
+                "creating it?); remove it")
+        return advised(UninitializedSegmentError(
+            f"{fact} with pyshmlock.unlink(name, force=True)"),
+            f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_EBUSY:
         return LockInUseError(f"{where}{what}: the lock is in use")
     if rc == lib.SHL_EOVERFLOW:
@@ -145,19 +188,25 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             f"{where}{what}: another thread or task of this process is inside a call "
             "on this lock or waiting for it (calls in flight); let them finish first")
     if rc == lib.SHL_ESUSPECT:
-        return DataSuspectError(
-            f"{where}{what} refused: the data is suspect (a process died holding the "
-            "write or update hold, or an update session expired; see info().recoveries). "
-            "Redo the update (a completed update clears the mark), or force it: "
-            f"resume(force=True), `pyshmlock resume --force {name or 'NAME'}`")
+        fact = (f"{where}{what} refused: the data is suspect (a process died holding the "
+                "write or update hold, or an update session expired or was ended by an "
+                "operator")
+        fix = "Redo the update (a completed update clears the mark), or force it: "
+        return advised(DataSuspectError(
+            f"{fact}; see info().recoveries). {fix}resume(force=True), "
+            f"`pyshmlock resume --force {_cmd(name)}`"),
+            f"{fact}; see `pyshmlock status {_cmd(name)}`). {fix}"
+            f"`pyshmlock resume --force {_cmd(name)}`")
     if rc == lib.SHL_EMANAGED:
-        return ManagedLockError(
-            f"{where}{what} refused: a cluster agent manages this lock (its host lease "
-            "is armed); resume the cluster instead (`pyshmlock cluster resume`), or "
-            "force it: resume(force=True)")
+        fact = (f"{where}{what} refused: a cluster agent manages this lock (its host lease "
+                "is armed); resume the cluster instead (`pyshmlock cluster resume`), or "
+                "force it: ")
+        return advised(ManagedLockError(f"{fact}resume(force=True)"),
+                       f"{fact}`pyshmlock resume --force {_cmd(name)}`")
     if rc == lib.SHL_ENOSESSION:
-        return SessionError(f"{where}{what}: no current update session has this token "
-                            "(it ended or expired; see info().recoveries)")
+        fact = f"{where}{what}: no current update session has this token (it ended or expired"
+        return advised(SessionError(f"{fact}; see info().recoveries)"),
+                       f"{fact}; see `pyshmlock status {_cmd(name)}`)")
     if rc == lib.SHL_ECLOSED:     # the one "closed" error, see RWLock._handle
         return ValueError(f"lock {name!r} is closed" if name else
                           f"{what}: the lock object is closed")
@@ -186,7 +235,9 @@ def managed_error(e: BaseException, lock: Any) -> ManagedLockError:
         who += (", " if who else "") + (
             f"the agent of cluster {cluster!r} (host {setting.get('host_id')!r}); open it with "
             f"`pyshmlock cluster resume --etcd {urls} {cluster}`")
-    return ManagedLockError(f"{e} ({who})" if who else str(e))
+    out = ManagedLockError(f"{e} ({who})" if who else str(e))
+    cli = cli_message(e)
+    return advised(out, f"{cli} ({who})" if who else cli)
 
 
 def _user(uid: int) -> str:

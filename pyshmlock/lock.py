@@ -25,6 +25,7 @@ from .errors import (
     FencingError,
     LockInUseError,
     ManagedLockError,
+    advised,
     error_for,
     managed_error,
     untrusted_error,
@@ -537,7 +538,9 @@ def unlink(name: str, force: bool = False) -> None:
         who = ("processes whose segment (another release's layout) cannot be read"
                if attached[0] == 0xFFFFFFFF else
                f"{attached[0]} other live process(es) attached")
-        raise LockInUseError(f"lock {name!r}: {who}; pass force=True to remove it anyway")
+        raise advised(
+            LockInUseError(f"lock {name!r}: {who}; pass force=True to remove it anyway"),
+            f"lock {name!r}: {who}; `pyshmlock rm --force {name}` removes it anyway")
     if rc == lib.SHL_EPERM:
         raise untrusted_error(name, None, None, -1, unlinking=True)
     if rc != _OK:
