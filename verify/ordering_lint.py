@@ -191,4 +191,4 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv))
 
 
-__all__: Tuple[str, ...] = ("lint", "Finding")
+__all__: Tuple[str, ...] = ("Finding", "lint")
