@@ -107,6 +107,15 @@ def _count(text: str) -> int:
     return v
 
 
+def _demo_workers(text: str) -> int:
+    """argparse type: the demo's worker count (its locks' slots bound it)."""
+    from .demo.cluster import MAX_WORKERS
+    v = _count(text)
+    if not 2 <= v <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"the demo runs 2 to {MAX_WORKERS} workers, not {v}")
+    return v
+
+
 class _Fail(Exception):
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
@@ -443,12 +452,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_bench)
     s = command("demo", "an SGLang-shaped multi-worker server, driven through "
                         "the pause/update races")
-    s.add_argument("--workers", type=int, default=4, help="tokenizer workers (default 4)")
+    s.add_argument("--workers", type=_demo_workers, default=4,
+                   help="tokenizer workers, 2 or more (default 4)")
     s.add_argument("--backend", choices=["shared", "local"], default="shared",
                    help="shared: pyshmlock; local: per-worker flags + broadcast (SGLang today)")
-    s.add_argument("--requests", type=int, default=16,
+    s.add_argument("--requests", type=_count, default=16,
                    help="concurrent requests sent while paused (default 16)")
-    s.add_argument("--cycles", type=int, default=1000,
+    s.add_argument("--cycles", type=_count, default=1000,
                    help="pause/continue cycles sent to random workers (default 1000)")
     s.add_argument("--keep-running", action="store_true",
                    help="leave the server up afterwards (for curl and the CLI)")
