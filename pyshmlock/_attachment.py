@@ -2,9 +2,10 @@
 of one segment in one process share one C handle (holds belong to the
 process, not to the Python object); opening, the last close and its hooks,
 and the registry's reset in a forked child."""
+import collections
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ._args import SHM_DIR as SHM_DIR
 from ._args import SHM_PREFIX as SHM_PREFIX
@@ -79,6 +80,7 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     ``no_robust``: open even without robust futexes (no crash recovery)."""
     key = _segment_key(name)
     with _registry_lock:
+        _settle_dropped()
         att = _registry.get(key) if key else None
         if att is not None:
             shared = _share_open(att)
@@ -163,29 +165,85 @@ def _share(att: _Attachment) -> _Attachment:
 _close_hooks: List[Callable[[_Attachment], None]] = []
 
 
+# References given back by the finaliser of a lock object dropped without
+# close() (RWLock.__del__).  A finaliser may run anywhere, also in a thread
+# that holds _registry_lock, so it takes no lock: it only appends here
+# (deque.append is atomic), and whoever next takes the registry lock (any
+# open or close of a lock in this process) settles them (_settle_dropped).
+_dropped: Deque[_Attachment] = collections.deque()
+# Attachments whose last reference was dropped but which could not be
+# closed then (the process still held the lock through them, or calls were
+# in flight): kept open and registered, a later open shares them, and every
+# settling tries again to close them.
+_orphans: List[_Attachment] = []
+
+
+def drop(att: _Attachment) -> None:
+    """Give back the reference of a dropped lock object (a finaliser's
+    call: no lock, no system call)."""
+    _dropped.append(att)
+
+
+def _settle_dropped() -> None:
+    """Apply the references dropped objects gave back (caller holds the
+    registry lock): an attachment nobody uses any more is closed, or kept
+    for a later try if it cannot be yet."""
+    while True:
+        try:
+            att = _dropped.popleft()
+        except IndexError:
+            break
+        att.refs -= 1
+        if att.refs <= 0:
+            _orphans.append(att)
+    for att in list(_orphans):
+        if att.refs > 0:
+            _orphans.remove(att)          # opened again: an object uses it
+        elif _close(att, quiet=True):
+            _orphans.remove(att)
+
+
+def _close(att: _Attachment, quiet: bool = False) -> bool:
+    """Close the attachment's handle (caller holds the registry lock, or the
+    attachment is an unregistered operator's).  LockInUseError while the
+    process holds the lock or calls are in flight, or with quiet, False."""
+    try:
+        if att.registered:
+            for hook in _close_hooks:
+                hook(att)
+        rc = lib.shl_close(att.handle)
+    except LockInUseError:
+        if quiet:
+            return False
+        raise
+    if rc == lib.SHL_EBUSY and not quiet:
+        raise LockInUseError(
+            f"lock {att.name!r}: close() while this process still holds it; "
+            "release its holds first")
+    if rc == lib.SHL_EINFLIGHT and not quiet:
+        raise LockInUseError(
+            f"lock {att.name!r}: close() while another thread or task of this "
+            "process is inside a call on it or waiting for it (calls in flight); "
+            "let them finish, or cancel them, first")
+    if rc in (lib.SHL_EBUSY, lib.SHL_EINFLIGHT):
+        return False
+    if rc != _OK and rc != lib.SHL_ECLOSED:
+        if quiet:
+            return False
+        raise error_for(rc, "close", att.name)
+    if att.registered and _registry.get(att.key) is att:
+        del _registry[att.key]
+    return True
+
+
 def _detach(att: _Attachment) -> None:
     if not att.registered:
-        rc = lib.shl_close(att.handle)
-        if rc != _OK and rc != lib.SHL_ECLOSED:
-            raise error_for(rc, "close", att.name)
+        _close(att)
         att.refs = 0
         return
     with _registry_lock:
+        _settle_dropped()
         if att.refs == 1:
-            for hook in _close_hooks:
-                hook(att)
-            rc = lib.shl_close(att.handle)
-            if rc == lib.SHL_EBUSY:
-                raise LockInUseError(
-                    f"lock {att.name!r}: close() while this process still holds it; "
-                    "release its holds first")
-            if rc == lib.SHL_EINFLIGHT:
-                raise LockInUseError(
-                    f"lock {att.name!r}: close() while another thread or task of this "
-                    "process is inside a call on it or waiting for it (calls in flight); "
-                    "let them finish, or cancel them, first")
-            if rc != _OK:
-                raise error_for(rc, "close", att.name)
-            del _registry[att.key]
+            _close(att)
         att.refs -= 1
 

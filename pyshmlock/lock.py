@@ -9,6 +9,7 @@ opening and the per-process registry in ``_attachment``, hold objects in
 ``holds``, snapshots in ``info``, stale segments in ``stale``.  Their public
 names are re-exported here, as before.
 """
+import warnings
 from typing import Any, ContextManager, NoReturn, Optional, Tuple, Union
 
 # C fast path: RWLock subclasses _fastpath.Lock, whose methods
@@ -18,6 +19,7 @@ from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, c
 from ._args import check_name as check_name
 from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
 from ._attachment import _detach as _detach
+from ._attachment import drop as _drop_attachment
 from ._fastpath import deadline_ns as deadline_ns
 from ._hostconf import fail_closed_for
 from ._shmlock import ffi, lib
@@ -479,7 +481,8 @@ class RWLock(_fastpath.Lock):
         last RWLock of that segment closes; that raises LockInUseError if the
         process still holds the lock, or if another thread is inside a call
         on it or an asyncio task waits for it (the object stays open then).
-        Idempotent."""
+        Idempotent.  An object dropped without close() warns
+        (ResourceWarning) and gives its reference back (see __del__)."""
         att = self._att
         if att is None:
             return
@@ -492,6 +495,25 @@ class RWLock(_fastpath.Lock):
         """``with RWLock(name).attached() as lock:`` - the lock for the block,
         closed when it ends (like contextlib.closing)."""
         return _Attached(self)
+
+    def __del__(self) -> None:
+        """Dropped without close(): warn as an unclosed file does
+        (ResourceWarning), and give this object's reference to the process's
+        attachment back.  No lock is taken here (a collection may run in a
+        thread that holds one): the reference is queued, and the next open
+        or close of a lock in this process settles it (closing the
+        attachment if no object uses it and the process holds nothing)."""
+        att = getattr(self, "_att", None)     # None: closed, or never opened
+        if att is None:
+            return
+        self._att = None
+        try:
+            warnings.warn(f"unclosed lock {self.name!r}: call close() (or use "
+                          "`with RWLock(name).attached() as lock:`)", ResourceWarning,
+                          stacklevel=2, source=self)
+        except Exception:             # interpreter shutdown: nothing left to warn with
+            pass
+        _drop_attachment(att)
 
     def __enter__(self) -> NoReturn:
         """Refused with TypeError: ``with lock:`` would take no hold."""
