@@ -278,6 +278,17 @@ int shl_is_locked(shl_lock *h);
  * or a forced resume), and the recovery log records SHL_LOST_SESSION. */
 int shl_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token);
 int shl_session_end(shl_lock *h, uint64_t token);
+/* shl_session_abort    end the session `token` now as lost, whoever began
+ *                      it (an operator ending the session of a process that
+ *                      died): the pause stays, the data is marked suspect,
+ *                      as at an expiry.  SHL_ENOSESSION if it is not the
+ *                      current session.
+ * Any handle may end a session, an operator's (SHL_OPEN_NO_SLOT) too: it
+ * holds a liveness byte of its own while it does (SHL_EBUSY if none is
+ * free).  A ttl_ns of more than SHL_SESSION_TTL_MAX_S seconds (400 days) is
+ * SHL_EINVAL: a session is a bounded pin, never a pause for ever. */
+int shl_session_abort(shl_lock *h, uint64_t token);
+#define SHL_SESSION_TTL_MAX_S 34560000   /* 400 days */
 
 /* Fencing at the host (cluster): the highest fleet update token this lock
  * has seen, which only rises, and the token of the last update applied

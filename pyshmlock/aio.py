@@ -202,9 +202,9 @@ class AsyncRWLock(_fastpath.AsyncLock):
             if token is not None:
                 return int(token)
 
-    def end_session(self, token: int) -> None:
+    def end_session(self, token: int, *, lost: bool = False) -> None:
         """End the update session ``token`` (see RWLock.end_session)."""
-        self._lock.end_session(token)
+        self._lock.end_session(token, lost=lost)
 
     @property
     def session(self) -> Optional[SessionInfo]:

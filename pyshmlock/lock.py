@@ -46,6 +46,7 @@ from .stale import STALE_POLICIES, _apply_stale_policy, check_stale
 
 __all__ = [
     "DEFAULT_SESSION_TTL",
+    "MAX_SESSION_TTL",
     "SHM_DIR",
     "SHM_PREFIX",
     "STALE_POLICIES",
@@ -67,6 +68,11 @@ _OK = lib.SHL_OK
 #: whose end never comes does not pin a server for the day.
 DEFAULT_SESSION_TTL = 600.0
 
+#: The longest lifetime of an update session, in seconds: 400 days (the C
+#: core's SHL_SESSION_TTL_MAX_S).  A session is a bounded pin: a longer ttl,
+#: or inf, is a ValueError.
+MAX_SESSION_TTL = float(lib.SHL_SESSION_TTL_MAX_S)
+
 
 def session_ttl_ns(ttl: Any) -> int:
     """A session ttl in seconds -> nanoseconds (TypeError/ValueError)."""
@@ -74,8 +80,10 @@ def session_ttl_ns(ttl: Any) -> int:
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
     if not ttl > 0 or ttl != ttl:
         raise ValueError(f"ttl must be > 0 seconds, not {ttl!r}")
-    if ttl >= (1 << 62) / 1e9:        # 146 years or more (inf too): never expires
-        return 1 << 62
+    if ttl > MAX_SESSION_TTL:
+        raise ValueError(f"ttl must be at most {MAX_SESSION_TTL:.0f} s (400 days), not "
+                         f"{ttl!r}: a session is a bounded pin (an update that takes longer "
+                         "ends its session and begins another)")
     return max(1, int(ttl * 1e9))
 
 
@@ -225,9 +233,10 @@ class RWLock(_fastpath.Lock):
 
     Holds belong to the process: any thread of the process that took a hold
     may release it, and a forked child holds nothing.  Every ``acquire_*``
-    takes ``timeout`` in seconds: None (or inf, or any very long time) waits
-    forever, 0 tries once; it returns False on timeout.  Waiting releases the
-    GIL and stays interruptible by Ctrl-C.
+    takes ``timeout`` in seconds (an int or a float): None (or inf, or any
+    timeout of 146 years or more) waits forever, 0 tries once; it returns
+    False on timeout.  Waiting releases the GIL and stays interruptible by
+    Ctrl-C.
     """
 
     #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
@@ -352,7 +361,8 @@ class RWLock(_fastpath.Lock):
         (which drains every reader unless the lock is paused), pauses the
         gate and pins the pause.  Until :meth:`end_session` (from any
         process) or the session's expiry after ``ttl`` seconds (default
-        DEFAULT_SESSION_TTL, 600 s), resume() waits, and update holds are
+        DEFAULT_SESSION_TTL, 600 s; at most MAX_SESSION_TTL, 400 days), resume()
+        waits, and update holds are
         granted at once (the gate is paused).  An expired session leaves the
         gate paused and the data marked suspect (resume() then refuses with
         DataSuspectError).  The process that began it may exit or die: that
@@ -370,11 +380,18 @@ class RWLock(_fastpath.Lock):
             if token is not None:
                 return int(token)
 
-    def end_session(self, token: int) -> None:
+    def end_session(self, token: int, *, lost: bool = False) -> None:
         """End the update session ``token`` (any process may).  The gate stays
         paused: resume() opens it.  SessionError if ``token`` is not the
-        current session (it ended, or expired: see info().recoveries)."""
-        rc = lib.shl_session_end(self._h, _token(token))
+        current session (it ended, or expired: see info().recoveries).
+
+        ``lost=True`` ends it as lost, as its expiry would (for an operator
+        whose session's process died, `pyshmlock session end NAME`): the
+        data is marked suspect, so resume() refuses until a completed update
+        or a forced resume."""
+        check_bool(lost, "lost")
+        call = lib.shl_session_abort if lost else lib.shl_session_end
+        rc = call(self._h, _token(token))
         if rc != _OK:
             raise error_for(rc, "end_session", self.name)
 

@@ -84,6 +84,8 @@ FACTS = [
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
     ("docs/concepts.md", r"`pyshmlock\.DEFAULT_SESSION_TTL`, (\d+) s",
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
+    ("docs/concepts.md", r"`pyshmlock\.MAX_SESSION_TTL`, (\d+) days",
+     lambda: _num(__import__("pyshmlock").MAX_SESSION_TTL / 86400)),
     ("docs/asyncio.md", r"begin_session\(ttl=(\d+)",
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
     ("docs/concepts.md", r"one keeper thread\nper ([\d,]+) locks",
@@ -231,7 +233,8 @@ def _verify_run():
 
 
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-                "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen"]
+                "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
+                "seventeen", "eighteen", "nineteen", "twenty"]
 
 
 def test_documented_quick_model_check_is_what_verify_quick_runs():

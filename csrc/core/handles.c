@@ -250,6 +250,10 @@ void handles_after_fork(void)
             uint64_t v = atomic_load_explicit(&c[i].inflight, memory_order_relaxed) &
                          ~(uint64_t)(H_COUNT | H_CLOSING);
             atomic_store_explicit(&c[i].inflight, v, memory_order_relaxed);
+            /* relaxed (one thread here): the parent's threads that held
+             * operator bytes do not exist in the child, whose handles get
+             * descriptions of their own (own_liveness_fd) holding none */
+            atomic_store_explicit(&c[i].op_bytes, 0, memory_order_relaxed);
             if (H_GEN(v) != 0 && !(v & H_CLOSED)) {
                 own_liveness_fd(&c[i]);
                 ring_insert(&c[i]);

@@ -218,6 +218,9 @@ struct shl_lock {
     _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
                                        or EXCL_IN_SESSION (claimed while PINNED) */
     int32_t no_slot;                /* SHL_OPEN_NO_SLOT: an operator's handle */
+    /* An operator's handle: the liveness bytes its threads hold while they
+     * end a session (liveness.c); relaxed, process-private. */
+    _Atomic uint64_t op_bytes;
     _Atomic unsigned long excl_thread;  /* pthread_t of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
     /* The handle's generation (high 32 bits: a token names exactly one),
@@ -452,6 +455,9 @@ void recover_slot(shl_lock *h, uint32_t i);
 int liveness_gone(int fd, const struct shl_slot *sl, uint32_t i);
 int liveness_take(int fd, uint32_t slot);
 void liveness_drop(int fd, uint32_t slot);
+int liveness_take_operator(shl_lock *h);
+void liveness_drop_operator(shl_lock *h, int k);
+int liveness_operator_held(int fd, uint32_t k);
 uint64_t liveness_pidns(void);
 uint64_t liveness_timens(void);
 uint64_t liveness_start_ticks(void);
