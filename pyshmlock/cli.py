@@ -4,7 +4,8 @@
     pyshmlock status NAME [--format text|json|prometheus]   who pauses, holds and waits
     pyshmlock watch NAME              status, refreshed live
     pyshmlock pause NAME              close the gate
-    pyshmlock resume NAME [--timeout S]
+    pyshmlock resume NAME [--timeout S] [--force]
+    pyshmlock session end NAME [TOKEN]  end an update session (without TOKEN: as lost)
     pyshmlock rm NAME [--force]
     pyshmlock bench [--quick]         benchmarks next to the usual peers
     pyshmlock demo [--workers N] [--backend shared|local] [--keep-running]
@@ -31,6 +32,7 @@ from ._args import check_name, segment_path
 from .errors import (
     LayoutVersionError,
     PyshmlockError,
+    SessionError,
     UninitializedSegmentError,
     cli_message,
 )
@@ -45,7 +47,8 @@ EXIT_CODES = """exit codes:
   1      error: no such lock, permission denied, lock in use, a segment that
          is not a usable lock, a failed demo scenario, a removed lock (watch)
   2      usage: bad command line
-  3      timeout: `resume` found the pause still pinned by an update hold
+  3      timeout: `resume` found the pause still pinned by an update hold or
+         an update session (it says which, whose, and what to do)
   141    the reader of the output stopped early (`pyshmlock status NAME | head`),
          as a shell reports a command stopped by SIGPIPE; nothing is printed
   128+N  `demo` stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP"""
@@ -97,6 +100,17 @@ def _interval(text: str) -> float:
     return v
 
 
+def _token(text: str) -> int:
+    """argparse type: an update session's token (a whole number)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a session token: {text!r}") from None
+    if not 0 < v < 1 << 64:
+        raise argparse.ArgumentTypeError(f"not a session token: {text!r}")
+    return v
+
+
 def _count(text: str) -> int:
     try:
         v = int(text)
@@ -140,6 +154,21 @@ def _pauser(info: LockInfo) -> str:
     return f"pid {pid} (exited)"
 
 
+def _in(seconds: float) -> str:
+    return f"{seconds:.0f} s" if abs(seconds) < 600 else f"{seconds / 60:.0f} min"
+
+
+def session_text(info: LockInfo) -> str:
+    """The update session that pins the pause, for status and refusals."""
+    se = info.session
+    assert se is not None
+    owner = f"pid {se.pid} ({'running' if se.alive else 'exited'})"
+    when = (f"expires in {_in(se.expires_in)}" if se.expires_in > 0 else
+            f"expired {_in(-se.expires_in)} ago (ended, data suspect, by the next attached "
+            f"process or `pyshmlock resume {info.name}`)")
+    return f"token {se.token}, begun by {owner} at {_when(se.began_at)}; {when}"
+
+
 def format_status(info: LockInfo) -> str:
     """The human-readable form of a LockInfo."""
     dead = set(info.dead_pids)
@@ -162,6 +191,8 @@ def format_status(info: LockInfo) -> str:
         lines.append(f"  exclusive     {kind} by {who(pid)} ({state})")
     else:
         lines.append("  exclusive     none")
+    if info.session is not None:
+        lines.append(f"  session       {session_text(info)}")
     reads = ", ".join(f"{who(p)}: {n}" for p, n in sorted(info.readers.items())) or "none"
     lines.append(f"  read holds    {reads}")
     waits = ", ".join(f"pid {p}: {n}" for p, n in sorted(info.waiters.items())) or "none"
@@ -182,14 +213,19 @@ def format_status(info: LockInfo) -> str:
         lines.append(f"  STALE         {stale_text(info)}")
     lines.append(f"  epoch         {info.epoch}   pauses so far: {info.pause_count}")
     if info.data_suspect:
-        lines.append("  DATA SUSPECT  an exclusive holder died mid-update; cleared by the "
-                     "next completed write/update")
+        lines.append("  DATA SUSPECT  an exclusive holder died mid-update, or an update session "
+                     "expired or was ended as lost; cleared by the next completed "
+                     f"write/update, or `pyshmlock resume --force {info.name}`")
     if not info.crash_recovery:
         lines.append("  CRASH RECOVERY off: this platform has no robust futexes (as under "
                      "qemu-user); a process that dies holding the lock is never reclaimed")
     if info.recoveries:
         lines.append(f"  recoveries    {info.recovery_count} (latest shown)")
         for r in info.recoveries:
+            if r.lost == ("update session",):
+                lines.append(f"    update session of pid {r.pid} ended unfinished (expired, "
+                             f"or ended as lost) at {_when(r.when)}")
+                continue
             lines.append(f"    pid {r.pid} died holding {', '.join(r.lost)}"
                          f"{f' ({r.reads} reads)' if r.reads else ''} at {_when(r.when)}")
     return "\n".join(lines)
@@ -299,12 +335,71 @@ def cmd_pause(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _what_pins(lk: RWLock, name: str) -> str:
+    """Why a resume still waits: the update session or update hold that
+    pins the pause, whose process, and what the operator can do."""
+    info = lk.info()
+    if info.session is not None:
+        se = info.session
+        fix = (f"its process is gone: `pyshmlock resume --force {name}` ends it (the data is "
+               f"then marked suspect) and opens the gate; `pyshmlock session end {name}` "
+               "ends it alone" if not se.alive else
+               f"its process still runs: wait for its end, or end it anyway with "
+               f"`pyshmlock session end {name}` (the data is then marked suspect)")
+        return f"update session {session_text(info)}, pins the pause; {fix}"
+    if info.updater_pid:
+        state = "held" if info.exclusive_granted else "claimed, waiting for readers"
+        return (f"an update hold of pid {info.updater_pid} ({state}) pins the pause; "
+                "resuming cannot overtake it: check that process (see "
+                f"`pyshmlock status {name}`)")
+    return f"something pinned the pause (see `pyshmlock status {name}`)"
+
+
+def _end_orphaned_session(lk: RWLock) -> Optional[str]:
+    """resume --force: an update session whose process is gone is ended as
+    lost (the data marked suspect, which the forced resume then clears).
+    What was done, or None."""
+    se = lk.info().session
+    if se is None or se.alive:
+        return None
+    try:
+        lk.end_session(se.token, lost=True)
+    except SessionError:
+        return None                      # it ended (or expired) meanwhile
+    return f"ended update session {se.token} of pid {se.pid} (exited)"
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     with _open(args.name).attached() as lk:
+        done = _end_orphaned_session(lk) if args.force else None
+        if done:
+            print(f"{args.name}: {done}")
         if not lk.resume(args.timeout, force=args.force):
-            raise _Fail(f"{args.name}: still paused after {args.timeout} s: an update "
-                        "holds the pause (see `pyshmlock status`)", EXIT_TIMEOUT)
+            raise _Fail(f"{args.name}: still paused after {args.timeout:g} s: "
+                        f"{_what_pins(lk, args.name)}", EXIT_TIMEOUT)
     print(f"{args.name}: running")
+    return EXIT_OK
+
+
+def cmd_session_end(args: argparse.Namespace) -> int:
+    name = args.name
+    with _open(name).attached() as lk:
+        if args.token is not None:
+            lk.end_session(args.token)
+            print(f"{name}: update session {args.token} ended; the gate stays paused: "
+                  f"`pyshmlock resume {name}` opens it")
+            return EXIT_OK
+        info = lk.info()
+        se = info.session
+        if se is None:
+            raise _Fail(f"{name}: no update session pins the pause (see "
+                        f"`pyshmlock status {name}`)")
+        lk.end_session(se.token, lost=True)
+    running = (f"; its process (pid {se.pid}) still runs, and its own end will get "
+               "'no current update session'" if se.alive else "")
+    print(f"{name}: update session {se.token} of pid {se.pid} ended as lost{running}. The "
+          f"data is marked suspect and the gate stays paused: redo the update, or "
+          f"`pyshmlock resume --force {name}` once you vouch for the data")
     return EXIT_OK
 
 
@@ -432,8 +527,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="give up (exit 3) after S seconds; inf waits forever (default 10)")
     s.add_argument("--force", action="store_true",
                    help="resume although the data is marked suspect (clears the mark) or "
-                        "a cluster agent manages the lock")
+                        "a cluster agent manages the lock; an update session whose "
+                        "process is gone is ended first")
     s.set_defaults(fn=cmd_resume)
+    s = command("session", "update sessions: `session end NAME [TOKEN]`")
+    ss = s.add_subparsers(dest="session_command", required=True, metavar="ACTION",
+                          help="end: end the update session that pins the pause")
+    e = ss.add_parser("end", help="end the update session that pins the pause",
+                      description="End the update session that pins the pause. With its "
+                                  "TOKEN: its normal end (what end_session(token) does). "
+                                  "Without: ended as lost, as an expiry (for a session "
+                                  "whose process died): the data is marked suspect. The "
+                                  "gate stays paused either way (`pyshmlock resume`).",
+                      formatter_class=fmt, epilog=EXIT_CODES)
+    e.add_argument("name", type=_lock_name, help=NAME_HELP)
+    e.add_argument("token", type=_token, nargs="?", default=None,
+                   help="the session's token (`pyshmlock status NAME` shows it)")
+    e.set_defaults(fn=cmd_session_end)
     s = command("rm", "remove a lock; processes still attached keep the old one")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.add_argument("--force", action="store_true",

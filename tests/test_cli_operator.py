@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import run_python
+from helpers import run_python, wait_for
 from test_cli_ops import run
 
 import pyshmlock
@@ -249,3 +249,85 @@ def test_bench_refuses_an_output_in_a_missing_directory(tmp_path):
         p = run("bench", "--quick", opt, str(missing / "x.out"), timeout=60)
         assert p.returncode == 2 and "no such directory" in p.stderr, p.stderr
         assert not (tmp_path / "no").exists(), "bench created the directory"
+
+
+# --------------------------------------------------------- update sessions
+
+def _dead_session(name, ttl=600.0):
+    """A session begun by a process that was then SIGKILLed: (token, pid)."""
+    code = textwrap.dedent("""
+        import os, signal, sys, pyshmlock
+        lk = pyshmlock.RWLock(sys.argv[1])
+        print(lk.begin_session(ttl=float(sys.argv[2])), os.getpid(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    p = run_python("-c", code, name, str(ttl), timeout=60)
+    token, pid = p.stdout.split()
+    return int(token), int(pid)
+
+
+def test_status_shows_the_session_its_owner_and_its_expiry(lock_name):
+    token, pid = _dead_session(lock_name)
+    p = run("status", lock_name)
+    line = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("session")]
+    assert line, p.stdout
+    assert str(token) in line[0] and f"pid {pid} (exited)" in line[0], line
+    assert "expires in" in line[0], line
+
+
+def test_resume_says_which_session_pins_and_how_to_end_it(lock_name):
+    token, pid = _dead_session(lock_name)
+    p = run("resume", lock_name, "--timeout", "0.5")
+    assert p.returncode == 3, p
+    assert str(token) in p.stderr and f"pid {pid} (exited)" in p.stderr, p.stderr
+    assert f"pyshmlock resume --force {lock_name}" in p.stderr, p.stderr
+    assert f"pyshmlock session end {lock_name}" in p.stderr, p.stderr
+
+
+def test_resume_force_ends_the_session_of_a_process_that_is_gone(lock_name):
+    token, pid = _dead_session(lock_name)
+    p = run("resume", lock_name, "--force", "--timeout", "5")
+    assert p.returncode == 0, p.stderr
+    assert f"ended update session {token}" in p.stdout, p.stdout
+    info = pyshmlock.inspect(lock_name)
+    assert not info.paused and info.session is None and not info.data_suspect
+    assert ("update session",) in [r.lost for r in info.recoveries]
+
+
+def test_session_end_without_a_token_ends_it_as_lost(lock_name):
+    token, pid = _dead_session(lock_name)
+    p = run("session", "end", lock_name)
+    assert p.returncode == 0 and "suspect" in p.stdout, (p.stdout, p.stderr)
+    info = pyshmlock.inspect(lock_name)
+    assert info.session is None and info.paused and info.data_suspect
+    p = run("resume", lock_name)
+    assert p.returncode == 1 and f"pyshmlock resume --force {lock_name}" in p.stderr, p.stderr
+    p = run("resume", lock_name, "--force")
+    assert p.returncode == 0, p.stderr
+    p = run("session", "end", lock_name)            # nothing left to end
+    assert p.returncode == 1 and "no update session" in p.stderr, p.stderr
+
+
+def test_session_end_with_its_token_is_its_normal_end(lock_name):
+    token, pid = _dead_session(lock_name)
+    p = run("session", "end", lock_name, str(token + 1))
+    assert p.returncode == 1 and "no current update session" in p.stderr, p.stderr
+    _no_python_advice(p.stderr)
+    p = run("session", "end", lock_name, str(token))
+    assert p.returncode == 0, p.stderr
+    info = pyshmlock.inspect(lock_name)
+    assert info.session is None and info.paused and not info.data_suspect
+    p = run("resume", lock_name)
+    assert p.returncode == 0, p.stderr
+
+
+def test_an_expired_session_with_nobody_attached_is_ended_by_resume(lock_name):
+    _dead_session(lock_name, ttl=0.2)
+    wait_for(lambda: pyshmlock.inspect(lock_name).session.expires_in <= 0, 30,
+             "the session's deadline")
+    p = run("status", lock_name)
+    assert "expired" in p.stdout and f"pyshmlock resume {lock_name}" in p.stdout, p.stdout
+    p = run("resume", lock_name)            # ends it (data suspect) and refuses
+    assert p.returncode == 1 and "suspect" in p.stderr, p.stderr
+    p = run("resume", lock_name, "--force")
+    assert p.returncode == 0, p.stderr

@@ -86,6 +86,8 @@ FACTS = [
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
     ("docs/concepts.md", r"`pyshmlock\.MAX_SESSION_TTL`, (\d+) days",
      lambda: _num(__import__("pyshmlock").MAX_SESSION_TTL / 86400)),
+    ("docs/OPERATIONS.md", r"at most (\d+) days \(`pyshmlock\.MAX_SESSION_TTL`",
+     lambda: _num(__import__("pyshmlock").MAX_SESSION_TTL / 86400)),
     ("docs/asyncio.md", r"begin_session\(ttl=(\d+)",
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
     ("docs/concepts.md", r"one keeper thread\nper ([\d,]+) locks",
