@@ -223,7 +223,9 @@ uint32_t shl_platform(void);
  * written (a full /dev/shm is SHL_ESYS with ENOSPC, and the name is gone
  * again).  An existing one is refused (SHL_EPERM) unless it is owned by
  * this effective uid, or group >= 0 and its group is `group`; and unless
- * it grants no group/other write bit beyond `mode`. */
+ * it grants no other write bit beyond `mode`, and no group write bit beyond
+ * `mode` either, except to its own group on a segment this uid owns and
+ * opens without group (the owner's own grant: a lock made with a group). */
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info);
 /* Where the lock `name` lives (the one name-to-path rule): the POSIX

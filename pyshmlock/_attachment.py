@@ -112,17 +112,19 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         return att
 
 
-def _attach_operator(name: str) -> _Attachment:
+def _attach_operator(name: str, mode: int = 0, gid: int = -1) -> _Attachment:
     """An operator's attachment to the existing lock ``name``: a handle of
     its own that takes no process slot (SHL_OPEN_NO_SLOT), so it opens a lock
     whose slots are all taken; it may pause, resume and look, never hold.
-    Not shared through the registry: closing it touches no other object."""
+    Not shared through the registry: closing it touches no other object.
+    ``mode`` and ``gid`` are the trust check's, as RWLock's (the `pyshmlock`
+    command's --mode and --group); mode 0: DEFAULT_OPERATOR_MODE."""
+    mode = mode or DEFAULT_OPERATOR_MODE
     out = ffi.new("shl_lock **")
     info = ffi.new("shl_open_info *")
-    rc = lib.shl_open(name.encode(), lib.SHL_OPEN_NO_SLOT, DEFAULT_OPERATOR_MODE, -1, 0,
-                      out, info)
+    rc = lib.shl_open(name.encode(), lib.SHL_OPEN_NO_SLOT, mode, gid, 0, out, info)
     if rc != _OK:
-        raise open_error(rc, name, info, DEFAULT_OPERATOR_MODE, -1)
+        raise open_error(rc, name, info, mode, gid)
     att = _Attachment(out[0], (info.dev, info.ino), name, registered=False)
     att.refs = 1
     return att

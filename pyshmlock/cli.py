@@ -21,20 +21,25 @@ never clears a pause implicitly.
 """
 import argparse
 import datetime
+import grp
 import json
 import math
 import os
+import pwd
+import shlex
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
-from ._args import check_name, segment_path
+from ._args import check_group, check_mode, check_name, segment_path
 from .errors import (
     LayoutVersionError,
     PyshmlockError,
+    Refusal,
     SessionError,
     UninitializedSegmentError,
     cli_message,
+    refusal_of,
 )
 from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, inspect, unlink
 
@@ -57,13 +62,105 @@ NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
              "/dev/shm/pyshmlock.NAME (see `pyshmlock ls`)")
 
 
-def _open(name: str) -> RWLock:
-    """The operator's handle for pause and resume: no process slot (it works
-    on a full lock), never among the attached, never resets a stale pause."""
+def _open(args: argparse.Namespace) -> RWLock:
+    """The operator's handle for pause, resume and session end: no process
+    slot (it works on a full lock), never among the attached, never resets a
+    stale pause; --group and --mode are RWLock's trust opt-ins."""
+    name = args.name
     try:
-        return RWLock._operator(name)
+        return RWLock._operator(name, mode=args.mode or (0o660 if args.group else 0o600),
+                                group=args.group)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host (see `pyshmlock ls`)") from None
+
+
+def _sudo_user(uid: int) -> str:
+    """How `sudo -u` names the user uid."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"#{uid}"
+
+
+def _as_owner(name: str) -> str:
+    """The prefix that makes a command run by someone who may remove the
+    lock's file: nothing for its owner and root, `sudo -u OWNER ` for anyone
+    else (/dev/shm is sticky: only they may remove a file there)."""
+    try:
+        owner = os.stat(segment_path(name)).st_uid
+    except OSError:
+        return ""
+    me = os.geteuid()
+    return "" if me in (0, owner) else f"sudo -u {_sudo_user(owner)} "
+
+
+#: The commands that take --group and --mode (they open the lock).
+OPENING_COMMANDS = ("pause", "resume", "session")
+
+
+def _with_opt_in(argv: List[str], group: Optional[str], mode: int) -> List[str]:
+    """argv with --group/--mode set to the given opt-in (any given before
+    are replaced), before a '--' if there is one."""
+    out, k = [], 0
+    while k < len(argv):
+        a = argv[k]
+        if a in ("--group", "--mode"):
+            k += 2
+            continue
+        if a.startswith(("--group=", "--mode=")):
+            k += 1
+            continue
+        out.append(a)
+        k += 1
+    extra = (["--group", group] if group else []) + ["--mode", f"{mode:04o}"]
+    cut = out.index("--") if "--" in out else len(out)
+    return out[:cut] + extra + out[cut:]
+
+
+def refusal_text(r: Refusal, argv: List[str]) -> str:
+    """What the command says when the lock's segment is refused: whose it
+    is, its mode, and the command lines that work (the same command as its
+    owner; with the opt-in that opens it, where this user may use it)."""
+    me = os.geteuid()
+    who = f"uid {me} ({_sudo_user(me)})"
+    facts = (f"lock {r.name!r} is owned by uid {r.uid} ({_sudo_user(r.uid)}), group gid "
+             f"{r.gid} ({_group_label(r.gid)}), mode {r.mode:04o}" if r.uid >= 0 else
+             f"lock {r.name!r}")
+    verb = {"look": "look at", "open": "open", "remove": "remove"}.get(r.need, r.need)
+    fixes: List[str] = []
+    opening = bool(argv) and argv[0] in OPENING_COMMANDS
+    if r.ours and r.open_to_all and opening:
+        why = "it lets every user write it; if that is meant"
+        fixes.append("pyshmlock " + shlex.join(_with_opt_in(argv, None, r.mode & 0o777)))
+    elif r.ours:
+        why = "its mode gives its owner no access"
+        fixes.append(f"chmod u+rw {r.path}")
+    else:
+        if r.need == "look":
+            why = f"looking needs read permission, which mode {r.mode:04o} does not give it"
+        elif r.need == "remove":
+            why = ("only its owner and root may remove it, and `rm` looks inside only its "
+                   "own user's locks")
+        else:
+            why = "a lock is opened only by its owner" + (
+                f" or, with --group, by members of its group {r.shared_group!r}"
+                if r.shared_group else "")
+        member = me == 0 or r.gid in os.getgroups() or r.gid == os.getegid()
+        if r.shared_group and r.need == "open" and opening and member:
+            fixes.append("pyshmlock " + shlex.join(
+                _with_opt_in(argv, r.shared_group, r.mode & 0o777)))
+        fixes.append(f"sudo -u {_sudo_user(r.uid)} pyshmlock {shlex.join(argv)}")
+        if r.need == "remove" and me == 0 and "--force" not in argv:
+            fixes.append(f"pyshmlock rm --force {shlex.quote(r.name)}")
+    run = " or ".join(f"`{f}`" for f in fixes)
+    return f"{facts}, and this user ({who}) may not {verb} it ({why}): {run}"
+
+
+def _group_label(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _inspect(name: str) -> LockInfo:
@@ -329,7 +426,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    with _open(args.name).attached() as lk:
+    with _open(args).attached() as lk:
         changed = lk.pause()
     print(f"{args.name}: {'paused' if changed else 'was already paused'}")
     return EXIT_OK
@@ -370,7 +467,7 @@ def _end_orphaned_session(lk: RWLock) -> Optional[str]:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _open(args.name).attached() as lk:
+    with _open(args).attached() as lk:
         done = _end_orphaned_session(lk) if args.force else None
         if done:
             print(f"{args.name}: {done}")
@@ -383,7 +480,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_session_end(args: argparse.Namespace) -> int:
     name = args.name
-    with _open(name).attached() as lk:
+    with _open(args).attached() as lk:
         if args.token is not None:
             lk.end_session(args.token)
             print(f"{name}: update session {args.token} ended; the gate stays paused: "
@@ -412,7 +509,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     except UninitializedSegmentError:
         if not args.force:
             raise _Fail(f"lock {name!r} was never initialised (its creator died?); "
-                        f"`pyshmlock rm --force {name}` removes it") from None
+                        f"`{_as_owner(name)}pyshmlock rm --force {name}` removes it") from None
         info = None
     except LayoutVersionError:
         # Another release's lock: unlink() removes it when none of its
@@ -424,9 +521,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
         info = None
     others = [p for p in info.attached_pids if p != os.getpid()] if info else []
     pids = ", ".join(map(str, others))
+    who = _as_owner(name)
     if others and not args.force:
         raise _Fail(f"lock {name!r}: {len(others)} live process(es) attached (pid {pids}); "
-                    f"`pyshmlock rm --force {name}` removes it anyway")
+                    f"`{who}pyshmlock rm --force {name}` removes it anyway")
     if info and others:
         what = []
         if info.paused:
@@ -442,7 +540,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
                    "keep the old one, while every new opener gets a fresh, unpaused, "
                    "unheld lock of that name.")
             if not args.confirm_split:
-                raise _Fail(msg + " Add --confirm-split to remove it anyway.")
+                raise _Fail(msg + f" `{who}pyshmlock rm --force --confirm-split {name}` "
+                            "removes it anyway.")
             print(f"pyshmlock: warning: {msg}", file=sys.stderr)
     try:
         unlink(name, force=args.force)
@@ -489,6 +588,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_ERROR
 
 
+def _mode(text: str) -> int:
+    """argparse type: a permission mode, octal (0660, 0o660)."""
+    try:
+        return check_mode(int(text, 8))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if text.strip("0o").isdigit() else
+                                         f"not an octal mode: {text!r}") from None
+
+
+def _group(text: str) -> Union[int, str]:
+    """argparse type: a group name, or a gid."""
+    group: Union[int, str] = int(text) if text.isdigit() else text
+    try:
+        check_group(group)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return group
+
+
+def _opt_in(s: argparse.ArgumentParser) -> None:
+    """--group and --mode: RWLock(name, mode=..., group=...)'s trust opt-ins,
+    for a lock shared between users (DESIGN.md, "Trust model")."""
+    s.add_argument("--group", type=_group, default=None, metavar="GROUP",
+                   help="accept the lock of another user if its group is GROUP (a name or "
+                        "gid): the group opt-in of RWLock(name, group=GROUP); implies "
+                        "--mode 0660")
+    s.add_argument("--mode", type=_mode, default=0, metavar="MODE",
+                   help="accept a segment that grants group/other write up to MODE "
+                        "(octal, default 0600; 0660 with --group)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     fmt = argparse.RawDescriptionHelpFormatter
@@ -520,9 +650,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("pause", "close the gate (never blocks); the pause stays after this "
                          "command exits")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
+    _opt_in(s)
     s.set_defaults(fn=cmd_pause)
     s = command("resume", "open the gate once no update holds it")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
+    _opt_in(s)
     s.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="give up (exit 3) after S seconds; inf waits forever (default 10)")
     s.add_argument("--force", action="store_true",
@@ -543,6 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("name", type=_lock_name, help=NAME_HELP)
     e.add_argument("token", type=_token, nargs="?", default=None,
                    help="the session's token (`pyshmlock status NAME` shows it)")
+    _opt_in(e)
     e.set_defaults(fn=cmd_session_end)
     s = command("rm", "remove a lock; processes still attached keep the old one")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
@@ -665,8 +798,8 @@ def _print(text: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `pyshmlock` console script."""
     parser = build_parser()
-    args = parser.parse_args(names_after_options(
-        parser, list(sys.argv[1:] if argv is None else argv)))
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(names_after_options(parser, given))
     try:
         require_extra(args.command)
         code = int(args.fn(args))
@@ -683,9 +816,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         _print(str(e))
         return e.code
     except PermissionError as e:
-        # The library's own message names the owner, the mode and what to do;
-        # a bare system refusal gets the path.
-        _print(f"permission denied: {cli_message(e)}")
+        # Whose the lock is, its mode, and a command line that works; a
+        # refusal that is not about a lock's segment gets the path.
+        r = refusal_of(e)
+        _print(f"permission denied: {refusal_text(r, given) if r else cli_message(e)}")
         return EXIT_ERROR
     except (PyshmlockError, OSError, ValueError) as e:
         _print(cli_message(e))

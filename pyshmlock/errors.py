@@ -9,7 +9,8 @@ import errno as _errno
 import grp
 import os
 import pwd
-from typing import Any, Optional, TypeVar
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, TypeVar
 
 from ._args import segment_path
 from ._shmlock import ffi, lib
@@ -214,6 +215,9 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         return ValueError(f"{where}{what}: invalid argument")
     if rc == lib.SHL_ESYS:
         err = ffi.errno or _errno.EIO
+        if name and err in (_errno.EACCES, _errno.EPERM):
+            return access_error(name, {"inspect": "look", "unlink": "remove"}.get(what, "open"),
+                                err)
         path = segment_path(name) if name else None
         return OSError(err, f"{what}: {os.strerror(err)}", path)
     return PyshmlockError(f"{where}{what}: unexpected return code {rc}")
@@ -254,30 +258,134 @@ def _group(gid: int) -> str:
         return f"gid {gid}"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a lock's segment is refused to this process, as facts a fix can be
+    made of (the `pyshmlock` command makes a command line of them).  A
+    PermissionError of pyshmlock carries one (:func:`refusal_of`)."""
+
+    name: str
+    path: str
+    uid: int                      # the segment's owner (-1: unknown)
+    gid: int
+    mode: int
+    #: what was refused: "look" (read), "open" (read and write), "remove"
+    need: str
+    #: owned by this process's effective uid
+    ours: bool
+    #: the group a group-writable segment is shared with (its opt-in), or None
+    shared_group: Optional[str] = None
+    #: the segment grants write to every user beyond the mode asked for
+    open_to_all: bool = False
+    #: the mode the caller asked (the trust check's), or None
+    asked_mode: Optional[int] = None
+
+
+#: The attribute a PermissionError carries its Refusal under.
+REFUSAL = "_pyshmlock_refusal"
+
+
+def refusal_of(e: BaseException) -> Optional[Refusal]:
+    """The Refusal a PermissionError of pyshmlock carries, or None."""
+    r = getattr(e, REFUSAL, None)
+    return r if isinstance(r, Refusal) else None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _stat_facts(path: str) -> Tuple[int, int, int]:
+    """(owner uid, gid, mode) of the segment, or -1s if it cannot be seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1, -1
+    return st.st_uid, st.st_gid, st.st_mode & 0o7777
+
+
+def _facts(name: str, uid: int, gid: int, mode: int) -> str:
+    if uid < 0:
+        return f"lock {name!r}"
+    return f"lock {name!r} is owned by {_user(uid)}, group {_group(gid)}, mode {mode:04o}"
+
+
+_VERBS = {"look": "read (look at)", "open": "open (read and write)", "remove": "remove"}
+
+
+def access_error(name: str, need: str, err: int) -> PermissionError:
+    """The PermissionError for a segment the system refused this process
+    (EACCES, EPERM): who owns it, its mode, and how to get in."""
+    path = segment_path(name)
+    uid, gid, mode = _stat_facts(path)
+    ours = uid == os.geteuid()
+    shared = _group_name(gid) if uid >= 0 and mode & 0o060 == 0o060 else None
+    me = _user(os.geteuid())
+    if ours:
+        fix = f"its mode gives its owner no access: chmod u+rw {path}"
+    elif need == "look":
+        fix = ("look as its owner or root, or have it created with mode=0o644 (any user "
+               "may look then)")
+    elif need == "remove":
+        fix = "remove it as its owner, or as root"
+    else:
+        fix = "open it as its owner" + (
+            f", or as a member of its group {shared!r}, with RWLock(name, mode=0o660, "
+            f"group={shared!r})" if shared else "")
+    e = PermissionError(err, f"{_facts(name, uid, gid, mode)}, and this process ({me}) may "
+                             f"not {_VERBS.get(need, need)} it: {fix}", path)
+    setattr(e, REFUSAL, Refusal(name, path, uid, gid, mode, need, ours, shared))
+    return e
+
+
 def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
                     unlinking: bool = False) -> PermissionError:
-    """The PermissionError for a segment this process refuses to trust."""
+    """The PermissionError for a segment this process refuses to trust
+    (docs/DESIGN.md, "Trust model"): its owner, group and mode, and the
+    opt-in that opens it, or whose it is."""
     path = segment_path(name)
     if info is None:   # unlink: describe the file as it is now
-        try:
-            st = os.stat(path)
-            uid, sgid, smode = st.st_uid, st.st_gid, st.st_mode & 0o7777
-        except OSError:
-            uid = sgid = smode = -1
+        uid, sgid, smode = _stat_facts(path)
     else:
         uid, sgid, smode = info.uid, info.gid, info.mode
-    what = (f"the existing segment is owned by {_user(uid)}, group {_group(sgid)}, "
-            f"mode {smode:04o}" if uid >= 0 else "the existing segment is not trusted")
+    ours = uid == os.geteuid()
+    facts = _facts(name, uid, sgid, smode)
+    me = _user(os.geteuid())
+    shared = _group_name(sgid) if uid >= 0 and smode & 0o020 else None
+    asked = mode if mode is not None else 0o600
+    open_to_all = bool(uid >= 0 and smode & 0o002 & ~asked)
     if unlinking:
-        rule = ("unlink() looks inside only segments owned by this user "
-                f"({_user(os.geteuid())}); force=True removes it without looking inside")
+        rule = ("unlink() looks inside only this user's locks: remove it as its owner "
+                "(or, as root, without looking: force=True)")
+        need = "remove"
+    elif ours and open_to_all:
+        rule = (f"it is this user's, but it lets every user write it, more than mode "
+                f"{asked:04o}: open it with RWLock(name, mode=0o{smode & 0o777:o}) if that "
+                "is meant, or remove it and let it be created again")
+        need = "open"
+    elif gid >= 0 and sgid != gid and smode & 0o020:
+        rule = (f"its group is {_group(sgid)}, not the group asked for ({_group(gid)}): "
+                f"open it with group={_group_name(sgid)!r}, or as its owner")
+        need = "open"
+    elif shared is not None and not ours:
+        rule = (f"it is shared with group {shared!r}: its members (and root) open it with "
+                f"RWLock(name, mode=0o{smode & 0o777:o}, group={shared!r}), or run as its "
+                f"owner (this process is {me})")
+        need = "open"
     else:
-        by = f" or by group {_group(gid)} (group=)" if gid >= 0 else ""
-        rule = (f"a lock is opened only if its segment is owned by this user "
-                f"({_user(os.geteuid())}){by} and grants group/other write no wider "
-                f"than mode {mode:04o}; another user may have planted it. "
-                "See 'Trust model' in docs/DESIGN.md")
-    return PermissionError(_errno.EPERM, f"lock {name!r}: {what}; {rule}", path)
+        rule = (f"a lock is opened only by its owner (or, with group=, members of its "
+                f"group), and this process is {me}: run as its owner. If no user but this "
+                "one should own it, another may have created it first to capture the lock: "
+                "remove it (as root) and start the servers again. See 'Trust model' in "
+                "docs/DESIGN.md")
+        need = "open"
+    e = PermissionError(_errno.EPERM, f"{facts}; {rule}", path)
+    setattr(e, REFUSAL, Refusal(name, path, uid, sgid, smode, need, ours, shared,
+                                open_to_all, mode))
+    return e
 
 
 #: Segment layout -> the releases that use it (CHANGELOG.md's table).

@@ -279,16 +279,20 @@ class RWLock(_fastpath.Lock):
             hold._keep_bound()
 
     @classmethod
-    def _operator(cls, name: str) -> "RWLock":
+    def _operator(cls, name: str, *, mode: int = DEFAULT_MODE,
+                  group: Union[int, str, None] = None) -> "RWLock":
         """An operator's view of the existing lock ``name`` (the ``pyshmlock``
         command's pause and resume): it takes no process slot, so it works on
         a lock whose ``max_processes`` slots are all taken, never appears
         among the attached processes, and never resets a stale pause.  pause,
-        resume, wait_resumed, info work; holds are refused (ValueError)."""
+        resume, wait_resumed, info work; holds are refused (ValueError).
+        ``mode`` and ``group`` are the trust opt-ins, as RWLock's."""
         check_name(name)
+        gid = check_group(group)
+        check_mode(mode)
         self = cls.__new__(cls)
         self.name = name
-        self._att = _attach_operator(name)
+        self._att = _attach_operator(name, mode, gid)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))
         self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)

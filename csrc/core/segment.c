@@ -167,9 +167,12 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
  * hang or crash, and through the robust-list pointers glibc keeps in a held
  * slot mutex, write to this process's memory.  So the segment must be owned
  * by our effective uid, or, by explicit opt-in, belong to `group`; and it
- * may grant group/other write only where `mode` does.  Checked on the open
- * file (fstat), so a later rename cannot swap what was checked; only the
- * owner (trusted by these rules) or root can chmod/chown it afterwards.
+ * may grant other write only where `mode` does, group write only where
+ * `mode` does or, on a segment we own, to its own group: only its owner (we)
+ * or root can give a file its group and mode, so that grant is this user's
+ * own opt-in (a lock made with group=).  Checked on the open file (fstat),
+ * so a later rename cannot swap what was checked; only the owner (trusted
+ * by these rules) or root can chmod/chown it afterwards.
  */
 static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
 {
@@ -180,7 +183,10 @@ static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
     /* With the opt-in, a group that may write must be that group. */
     if (group >= 0 && !by_group && (st->st_mode & 0020))
         return 0;
-    return ((uint32_t)st->st_mode & 0022u & ~mode) == 0;
+    uint32_t beyond = (uint32_t)st->st_mode & 0022u & ~mode;
+    if (ours && group < 0)
+        beyond &= ~0020u;     /* our own group grant */
+    return beyond == 0;
 }
 
 static void fill_info(shl_open_info *info, const struct stat *st)
