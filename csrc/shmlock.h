@@ -171,9 +171,29 @@ typedef struct shl_recovery_record {
 #define SHL_LOST_SESSION 64u     /* an update session that expired before its end */
 #define SHL_RECOVERY_LOG 16
 
+/* What a validation of a segment found wrong, with SHL_ECORRUPT (opening
+ * and observing run the same validation: core/segment.c): which check,
+ * where, and the value found. */
+typedef struct shl_corruption {
+    uint32_t what;               /* SHL_CORRUPT_* */
+    int32_t slot;                /* the slot it is in; -1: the header */
+    uint64_t value;              /* the value found */
+} shl_corruption;
+
+#define SHL_CORRUPT_SIZES    1   /* header_size/slot_size are not this layout's (value: both) */
+#define SHL_CORRUPT_MAX      2   /* max_processes is not 1..SHL_MAX_PROCESSES_LIMIT */
+#define SHL_CORRUPT_TOTAL    3   /* total_size is not the layout's size */
+#define SHL_CORRUPT_OWNER    4   /* the state word names no slot of the segment (value: 1 + slot) */
+#define SHL_CORRUPT_MUTEX    5   /* a slot's mutex is not a pyshmlock mutex (value: its kind) */
+#define SHL_CORRUPT_PID      6   /* a slot's pid is above the kernel's limit */
+#define SHL_CORRUPT_READERS  7   /* a slot counts more read holds than a process can have */
+#define SHL_CORRUPT_WAITING  8   /* a slot counts more sleeping threads than a process can have */
+#define SHL_CORRUPT_OWED     9   /* a slot counts more owed readers than any process makes */
+#define SHL_PID_LIMIT        4194304   /* the kernel's PID_MAX_LIMIT on 64-bit */
+
 /* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE /
- * SHL_EVERSION / SHL_EFULL so that the caller can say why the segment was
- * refused. */
+ * SHL_EVERSION / SHL_EFULL / SHL_ECORRUPT so that the caller can say why the
+ * segment was refused. */
 typedef struct shl_open_info {
     int32_t created;             /* 1 this call created the segment */
     uint32_t uid, gid, mode;     /* the segment's owner, group, permission bits */
@@ -186,6 +206,7 @@ typedef struct shl_open_info {
     uint32_t live_pid;           /* ... and one of them */
     int32_t replaced;            /* 1: an unused segment of another layout was
                                     replaced by this open (an upgrade) */
+    shl_corruption corrupt;      /* SHL_ECORRUPT: what the validation found */
 } shl_open_info;
 
 /* shl_open's flags. */
@@ -369,7 +390,9 @@ int shl_reset_stale(shl_lock *h, uint32_t dead_pauser);
  * reported, never reclaimed.  An empty (not yet initialised) segment is
  * SHL_EINIT at once. */
 typedef struct shl_observer shl_observer;
-int shl_observe_open(const char *name, shl_observer **out);
+/* Validates the segment as an opener does, slots included (SHL_ECORRUPT,
+ * with what it found in *why if why is not NULL). */
+int shl_observe_open(const char *name, shl_observer **out, shl_corruption *why);
 void shl_observe_close(shl_observer *o);
 int shl_observe_info(shl_observer *o, shl_snapshot *out);
 /* out->alive: 1 live or exiting (or a mutex we cannot read: never called

@@ -167,7 +167,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             continue      # removed since the listing
         except (PyshmlockError, OSError) as e:
-            print(f"{name:40} (unreadable: {e})")
+            print(f"{name:40} (unreadable: {cli_message(e)})")
             continue
         ex = (f"write pid {i.writer_pid}" if i.writer_pid else
               f"update pid {i.updater_pid}" if i.updater_pid else "-")
@@ -178,13 +178,23 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    info = _inspect(args.name)
     fmt = "json" if args.json else args.format
+    if fmt == "prometheus":
+        # What a scrape reports (LockCollector): a lock that is there but
+        # cannot be read is `pyshmlock_lock_readable 0` with the error and
+        # its reason, and the textfile is still written (exit 0).
+        from .metrics import Unreadable, exposition
+        try:
+            looked: Union[LockInfo, Unreadable] = _inspect(args.name)
+        except PyshmlockError as e:
+            _print(cli_message(e))
+            looked = Unreadable(args.name, True, type(e).__name__,
+                                str(getattr(e, "reason", "") or ""))
+        sys.stdout.write(exposition([looked]))
+        return EXIT_OK
+    info = _inspect(args.name)
     if fmt == "json":
         print(json.dumps(info.to_dict(), indent=2, sort_keys=True))
-    elif fmt == "prometheus":
-        from .metrics import exposition
-        sys.stdout.write(exposition([info]))
     else:
         print(format_status(info))
     return EXIT_OK

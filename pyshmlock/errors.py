@@ -33,7 +33,10 @@ class LayoutVersionError(SegmentError):
 
 
 class CorruptSegmentError(SegmentError):
-    """The segment holds values no pyshmlock process writes."""
+    """The segment holds values no pyshmlock process writes.  ``reason``
+    says which, where known (``"slot 3 names pid 4167930979, ..."``)."""
+
+    reason: str = ""
 
 
 class SegmentSizeError(CorruptSegmentError):
@@ -136,8 +139,32 @@ def _cmd(name: Optional[str]) -> str:
     return name if name is not None else "NAME"
 
 
-def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
-    """Build the exception for a negative C return code ``rc`` of call ``what``."""
+def corruption_text(why: Any) -> str:
+    """What a validation found (a shl_corruption), in words; "" if nothing."""
+    if why is None or not why.what:
+        return ""
+    v, i = int(why.value), int(why.slot)
+    slot = f"slot {i}"
+    return {
+        lib.SHL_CORRUPT_SIZES: f"its header and slot sizes ({v >> 32}, {v & 0xFFFFFFFF}) are "
+                               "not this layout's",
+        lib.SHL_CORRUPT_MAX: f"its max_processes is {v}, not 1..{lib.SHL_MAX_PROCESSES_LIMIT}",
+        lib.SHL_CORRUPT_TOTAL: f"its total size field is {v}, not its layout's size",
+        lib.SHL_CORRUPT_OWNER: f"its state word names slot {v - 1}, beyond its slots",
+        lib.SHL_CORRUPT_MUTEX: f"{slot}'s mutex is not a pyshmlock mutex (glibc kind {v})",
+        lib.SHL_CORRUPT_PID: f"{slot} names pid {v}, above the kernel's limit "
+                             f"({lib.SHL_PID_LIMIT})",
+        lib.SHL_CORRUPT_READERS: f"{slot} counts {v} read holds, more than a process can have",
+        lib.SHL_CORRUPT_WAITING: f"{slot} counts {v} sleeping threads, more than a process "
+                                 "can have",
+        lib.SHL_CORRUPT_OWED: f"{slot} counts {v} queued readers, more than any process makes",
+    }.get(int(why.what), f"check {int(why.what)} failed at {slot}")
+
+
+def error_for(rc: int, what: str, name: Optional[str] = None,
+              corrupt: Any = None) -> BaseException:
+    """Build the exception for a negative C return code ``rc`` of call
+    ``what`` (``corrupt``: the shl_corruption of an SHL_ECORRUPT)."""
     where = f"lock {name!r}: " if name else ""
     if rc == lib.SHL_ENOHOLD:
         return NotHeldError(f"{where}{what}: this process holds no such hold")
@@ -160,10 +187,14 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             f"{where}the segment is a pyshmlock lock of another layout version; "
             "every process must use the same pyshmlock release")
     if rc == lib.SHL_ECORRUPT:
-        fact = (f"{where}{what}: the shared segment is corrupt; stop the processes that use "
-                "it, then remove it")
-        return advised(CorruptSegmentError(f"{fact}: pyshmlock.unlink(name, force=True)"),
-                       f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
+        reason = corruption_text(corrupt)
+        fact = (f"{where}{what}: the shared segment is corrupt"
+                f"{f' ({reason})' if reason else ''}; stop the processes that use it, then "
+                "remove it")
+        e = advised(CorruptSegmentError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                    f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
+        e.reason = reason
+        return e
     if rc == lib.SHL_ESIZE:
         fact = (f"{where}{what}: the segment's size is not the size its header describes; "
                 "stop the processes that use it, then remove it")
@@ -456,4 +487,4 @@ def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
         return SegmentSizeError(
             f"lock {name!r}: the segment is {info.size} bytes, but its header describes "
             f"a {info.expected_size}-byte lock; something truncated or extended it")
-    return error_for(rc, "open", name)
+    return error_for(rc, "open", name, info.corrupt)

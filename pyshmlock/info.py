@@ -165,8 +165,9 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
     procs: List[AttachedProcess] = []
     slot = ffi.new("shl_slot_snapshot *")
     for i in range(snap.max_processes):
-        if read_slot(i, slot) != _OK:
-            continue
+        rc = read_slot(i, slot)
+        if rc != _OK:         # corrupted, or shrunk, since the look began
+            raise error_for(rc, "inspect" if observer else "info", name)
         if not (slot.alive if not observer else (slot.pid or slot.readers or slot.owed)):
             continue                                  # free (or, attached, dead)
         if slot.alive:
@@ -290,9 +291,10 @@ def inspect(name: str) -> LockInfo:
     """
     check_name(name)
     out = ffi.new("shl_observer **")
-    rc = lib.shl_observe_open(name.encode(), out)
+    why = ffi.new("shl_corruption *")
+    rc = lib.shl_observe_open(name.encode(), out, why)
     if rc != _OK:
-        raise error_for(rc, "inspect", name)
+        raise error_for(rc, "inspect", name, why)
     o = out[0]
     try:
         return _observed_info(o, name)

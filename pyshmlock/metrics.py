@@ -68,7 +68,8 @@ METRICS: Tuple[Metric, ...] = (
            _one(lambda i, now: 1)),
     Metric("pyshmlock_lock_readable", "gauge",
            "1 if the lock could be read (0: see the error label: foreign, corrupt, "
-           "other-layout or unreadable segment)", _one(lambda i, now: 1)),
+           "other-layout or unreadable segment; the reason label says what a corrupt one "
+           "holds)", _one(lambda i, now: 1)),
     Metric("pyshmlock_paused", "gauge", "1 while the pause gate is closed",
            _one(lambda i, now: i.paused)),
     Metric("pyshmlock_paused_seconds", "gauge",
@@ -118,11 +119,13 @@ class Sample(NamedTuple):
 
 
 class Unreadable(NamedTuple):
-    """A lock a scrape could not read: present (or not) and why."""
+    """A lock a scrape could not read: present (or not) and why (the error's
+    name, and for a corrupt segment what the validation found)."""
 
     name: str
     present: bool
     error: str
+    reason: str = ""
 
 
 Looked = Union[LockInfo, Unreadable]
@@ -140,11 +143,12 @@ def samples(infos: Iterable[Looked], now: Optional[float] = None) -> Iterator[Sa
                 if m.name == "pyshmlock_lock_present":
                     yield Sample(m, {"lock": info.name}, float(info.present))
                 elif m.name == "pyshmlock_lock_readable" and info.present:
-                    yield Sample(m, {"lock": info.name, "error": info.error}, 0.0)
+                    yield Sample(m, {"lock": info.name, "error": info.error,
+                                     "reason": info.reason}, 0.0)
                 continue
             for labels, value in m.value(info, now):
                 if m.name == "pyshmlock_lock_readable":
-                    labels = {**labels, "error": ""}
+                    labels = {**labels, "error": "", "reason": ""}
                 yield Sample(m, {"lock": info.name, **labels}, value)
 
 
@@ -156,7 +160,7 @@ def look(name: str, snapshot: Optional[Callable[[str], LockInfo]] = None) -> Loo
     except FileNotFoundError:
         return Unreadable(name, False, "FileNotFoundError")
     except Exception as e:       # a scrape must never fail: the sample says why
-        return Unreadable(name, True, type(e).__name__)
+        return Unreadable(name, True, type(e).__name__, str(getattr(e, "reason", "") or ""))
 
 
 def _escape(value: str) -> str:

@@ -27,6 +27,8 @@
  *   stale.c     resetting a pause left by processes that are all gone.
  *   segment.c   opening, validating, closing and removing a segment: the
  *               boundary where shared memory is untrusted input.
+ *   validate.c  the checks of an existing segment's header and slots, for
+ *               openers and observers alike.
  *   lease.c     the host lease and its watchdog thread (cluster agent).
  *   info.c      introspection: snapshots of an attached lock, and
  *               observers that read copies of a segment.
@@ -447,6 +449,7 @@ void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, u
 int slot_is_clean(const struct shl_slot *sl);
 void init_slot_mutex(pthread_mutex_t *m);
 int slot_mutex_sane(const pthread_mutex_t *m);
+int slot_mutex_kind(const pthread_mutex_t *m);   /* glibc's kind field (0 elsewhere) */
 enum { PROBE_DEAD = 0, PROBE_ALIVE = 1, PROBE_EXITING = 2 };
 int probe_slot(shl_lock *h, uint32_t i);  /* PROBE_*: nonzero counts as alive */
 void recover_slot(shl_lock *h, uint32_t i);
@@ -492,11 +495,15 @@ uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed);
 /* layouts.c: segments of other layout versions. */
 int other_layout_users(int fd, size_t size, uint32_t *layout, uint32_t *pid);
 
-/* segment.c: header validation, shared with the observers (info.c), which
- * validate a pread() copy of the header: they never map the segment. */
+/* segment.c: the layout's size and the name rule; validate.c: the checks of
+ * a segment, shared with the observers (info.c), which validate pread()
+ * copies: they never map the segment. */
 size_t layout_size(uint32_t max);
 int valid_name(const char *name);
-int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max);
+int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max,
+                    shl_corruption *why);
+int validate_slots(const struct shl_slot *slots, uint32_t first, uint32_t n,
+                   shl_corruption *why);
 
 /* lease.c: the lease watchdog thread. */
 int lease_check(shl_lock *h);

@@ -5,9 +5,10 @@
  * segment is trusted only if its owner and mode pass segment_trusted
  * (docs/DESIGN.md, "Trust model"), checked before it is mapped; then every
  * size and count in its header is checked against the file size and the
- * layout before anything is indexed (validate_header), and the validated
- * max_processes is kept in the private handle: no later index is taken from
- * the segment unchecked.
+ * layout before anything is indexed, and every slot is checked
+ * (validate.c: validate_header, validate_slots, which observers run too),
+ * and the validated max_processes is kept in the private handle: no later
+ * index is taken from the segment unchecked.
  *
  * Handles.  A handle (shl_lock) is process-private, named by a token
  * (handles.c).  Every entry point counts itself in h->inflight (enter/leave,
@@ -57,33 +58,6 @@ size_t layout_size(uint32_t max)
     return sizeof(struct shl_header) + (size_t)max * sizeof(struct shl_slot);
 }
 
-/* Check a mapped segment of st_size bytes that is marked ready.  Every size
- * and count is checked against the file size before anything is indexed.
- * The file must be exactly the layout's size: shorter would fault (SIGBUS)
- * past its end, longer is not something any pyshmlock process makes. */
-int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
-{
-    if (hd->magic != SHL_MAGIC)
-        return SHL_EFOREIGN;
-    if (hd->layout_version != SHL_LAYOUT)
-        return SHL_EVERSION;
-    if (hd->header_size != sizeof(struct shl_header) || hd->slot_size != sizeof(struct shl_slot))
-        return SHL_ECORRUPT;
-    uint32_t m = hd->max_processes;
-    if (m < 1 || m > SHL_MAX_PROCESSES_LIMIT)
-        return SHL_ECORRUPT;
-    if (hd->total_size != layout_size(m))
-        return SHL_ECORRUPT;
-    if (st_size != layout_size(m))
-        return SHL_ESIZE;
-    /* relaxed: a bounds check of a value that is checked again wherever
-     * it is used (owner_index) */
-    if (owner_of(atomic_load_explicit(&hd->state, memory_order_relaxed)) > m)
-        return SHL_ECORRUPT;
-    *max = m;
-    return SHL_OK;
-}
-
 static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
 {
     struct shl_slot *slots = (struct shl_slot *)(hd + 1);
@@ -116,7 +90,7 @@ static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
 /* Map an existing segment and validate it, waiting (bounded) for a creator
  * that is still initialising it. */
 static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t *max,
-                        uint64_t *expected)
+                        uint64_t *expected, shl_corruption *why)
 {
     int64_t give_up = mono_ns() + OPEN_WAIT_NS;
     for (;;) {
@@ -137,7 +111,9 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
             struct shl_header *hd = p;
             /* acquire: pairs with the creator's release store of READY */
             if (atomic_load_explicit(&hd->ready, memory_order_acquire) == SHL_READY) {
-                int r = validate_header(hd, len, max);
+                int r = validate_header(hd, len, max, why);
+                if (r == SHL_OK)
+                    r = validate_slots((const struct shl_slot *)(hd + 1), 0, *max, why);
                 if (r != SHL_OK) {
                     if (r == SHL_ESIZE)
                         *expected = hd->total_size;
@@ -280,7 +256,7 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
     fill_info(info, &st);
     if (!segment_trusted(&st, mode, group))
         return SHL_EPERM;   /* never mapped: nothing of it reaches glibc */
-    int r = map_existing(fd, out, size, max, &expected);
+    int r = map_existing(fd, out, size, max, &expected, &info->corrupt);
     if (r == SHL_ESIZE) {
         info->size = *size;
         info->expected_size = expected;
@@ -607,7 +583,7 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
         else if (st.st_uid != geteuid())
             r = SHL_EPERM;   /* probing locks its mutexes: only our own segments */
         else
-            r = map_existing(fd, &hd, &size, &max, &expected);
+            r = map_existing(fd, &hd, &size, &max, &expected, NULL);
         uint32_t layout, pid;
         if (r == SHL_EVERSION) {
             /* Another release's lock: removed like ours when nobody uses it
