@@ -222,6 +222,12 @@ typedef struct shl_open_info {
                                     (SHL_ENOROBUST otherwise): without crash
                                     recovery, a process that dies holding the lock
                                     leaves it held for ever */
+#define SHL_OPEN_SIZED      16u  /* max_processes is asked for, not a default: an
+                                    existing segment of another size that no
+                                    handle has open and nothing marks (no pause,
+                                    claim, session, suspect mark, lease, fence) is
+                                    re-created at it; one that stays and has fewer
+                                    slots is SHL_EFULL (info->max_processes) */
 
 /* What this platform offers the core (shl_platform): robust futexes
  * (set_robust_list: crash recovery) and futex_waitv (Linux 5.16+: a waiter

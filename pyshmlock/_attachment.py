@@ -11,7 +11,7 @@ from ._args import SHM_DIR as SHM_DIR
 from ._args import SHM_PREFIX as SHM_PREFIX
 from ._args import segment_path
 from ._shmlock import ffi, lib
-from .errors import LockInUseError, error_for, open_error
+from .errors import LockInUseError, error_for, open_error, slots_refusal
 
 _OK = lib.SHL_OK
 
@@ -19,15 +19,16 @@ _OK = lib.SHL_OK
 class _Attachment:
     """One process's attachment to one segment, shared by its RWLock objects."""
 
-    __slots__ = ("handle", "key", "name", "refs", "registered")
+    __slots__ = ("handle", "key", "max_processes", "name", "refs", "registered")
 
     def __init__(self, handle: Any, key: Tuple[int, int], name: str,
-                 registered: bool = True) -> None:
+                 registered: bool = True, max_processes: int = 0) -> None:
         self.handle = handle
         self.refs = 0
         self.key = key
         self.name = name
         self.registered = registered   # False: an operator's handle of its own
+        self.max_processes = max_processes   # the segment's slots
 
 
 _registry: Dict[Tuple[int, int], _Attachment] = {}
@@ -66,7 +67,7 @@ def allow_no_robust(asked: bool) -> bool:
 
 def _attach(name: str, create: bool, mode: int, max_processes: int,
             gid: int = -1, fail_closed: bool = False,
-            no_robust: bool = False) -> _Attachment:
+            no_robust: bool = False, sized: bool = False) -> _Attachment:
     """This process's attachment to the segment ``name``, one more reference.
 
     The C open runs outside the registry lock: it may wait (up to 2 s) for a
@@ -77,12 +78,19 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
 
     ``fail_closed``: a segment this call creates starts paused under an
     already-passed host lease (a cluster host's lock, see shl_open).
-    ``no_robust``: open even without robust futexes (no crash recovery)."""
+    ``no_robust``: open even without robust futexes (no crash recovery).
+    ``sized``: max_processes was asked for (SHL_OPEN_SIZED: an unused lock
+    of another size is re-created at it), not the default."""
     key = _segment_key(name)
     with _registry_lock:
         _settle_dropped()
         att = _registry.get(key) if key else None
         if att is not None:
+            # This process has the segment open (or inherited it): it stays,
+            # so an ask for more slots than it has is refused, as shl_open
+            # refuses it.
+            if sized and max_processes > att.max_processes:
+                raise slots_refusal(name, att.max_processes, max_processes)
             shared = _share_open(att)
             if shared is not None:
                 return shared
@@ -90,15 +98,17 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     info = ffi.new("shl_open_info *")
     flags = (lib.SHL_OPEN_CREATE if create else 0) | \
         (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0) | \
-        (lib.SHL_OPEN_NO_ROBUST if allow_no_robust(no_robust) else 0)
+        (lib.SHL_OPEN_NO_ROBUST if allow_no_robust(no_robust) else 0) | \
+        (lib.SHL_OPEN_SIZED if sized else 0)
     rc = lib.shl_open(name.encode(), flags, mode, gid, max_processes, out, info)
     if rc != _OK:
-        raise open_error(rc, name, info, mode, gid, max_processes if create else 0)
+        raise open_error(rc, name, info, mode, gid, max_processes if create or sized else 0)
     key = (info.dev, info.ino)
     with _registry_lock:
         att = _registry.get(key)
         if att is None:
-            att = _registry[key] = _Attachment(out[0], key, name)
+            att = _registry[key] = _Attachment(out[0], key, name,
+                                               max_processes=info.max_processes)
             att.refs += 1
             return att
         # Another thread of this process opened the same segment meanwhile:
@@ -107,7 +117,8 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         if shared is not None:
             lib.shl_close(out[0])
             return shared
-        att = _registry[key] = _Attachment(out[0], key, name)
+        att = _registry[key] = _Attachment(out[0], key, name,
+                                           max_processes=info.max_processes)
         att.refs += 1
         return att
 

@@ -71,6 +71,7 @@ class _Lib:
     SHL_OPEN_FAIL_CLOSED: int
     SHL_OPEN_NO_SLOT: int
     SHL_OPEN_NO_ROBUST: int
+    SHL_OPEN_SIZED: int
     SHL_PLATFORM_ROBUST: int
     SHL_PLATFORM_WAITV: int
     SHL_SESSION_TTL_MAX_S: int

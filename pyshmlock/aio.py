@@ -99,7 +99,7 @@ class AsyncRWLock(_fastpath.AsyncLock):
     :class:`RWLock` (a process may hold both views of one name; holds belong
     to the process either way).
 
-    ``AsyncRWLock(name, *, create=True, mode=0o600, max_processes=256)``:
+    ``AsyncRWLock(name, *, create=True, mode=0o600, max_processes=None)``:
     the arguments of RWLock (``mode`` defaults to ``0o600``, owner
     read/write).
 
@@ -137,7 +137,7 @@ class AsyncRWLock(_fastpath.AsyncLock):
             """The RWLock this object works on (the C base's)."""
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
-                 max_processes: int = 256, group: Any = None,
+                 max_processes: Optional[int] = None, group: Any = None,
                  stale: str = "reset", allow_no_robust: bool = False,
                  _fail_closed: Optional[bool] = None) -> None:
         self._bind(RWLock(name, create=create, mode=mode, max_processes=max_processes,

@@ -444,19 +444,29 @@ def layout_error(name: str, info: Any) -> LayoutVersionError:
                               f"create=True replaces it, as does `pyshmlock rm {name}`")
 
 
+def slots_refusal(name: str, has: int, asked: int) -> "TooManyProcessesError":
+    """An opener asked for more process slots than the lock it must keep has."""
+    return TooManyProcessesError(
+        f"lock {name!r} has max_processes={has} (fixed when it was created); this "
+        f"process asked for max_processes={asked}. A lock is re-created at the size "
+        "asked for only while no process has it open and it holds no pause, hold, "
+        "update session, lease, fence or data-suspect mark: see who uses it "
+        f"(`pyshmlock status {name}`), stop them, then `pyshmlock rm {name}` and "
+        "start again")
+
+
 def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
                max_processes: int = 0) -> BaseException:
     """The exception for shl_open's return code rc (info: its shl_open_info)."""
     if rc == lib.SHL_EVERSION:
         return layout_error(name, info)
+    if rc == lib.SHL_EFULL and info.max_processes and max_processes > info.max_processes:
+        return slots_refusal(name, info.max_processes, max_processes)
     if rc == lib.SHL_EFULL and info.max_processes:
-        asked = (f"; this process asked for max_processes={max_processes}, which only a "
-                 "new lock gets (remove it while no process uses it: `pyshmlock rm "
-                 f"{name}`)") if max_processes > info.max_processes else ""
         return TooManyProcessesError(
             f"lock {name!r}: all {info.max_processes} process slots are taken by live "
             f"processes (max_processes={info.max_processes}, fixed when the lock was "
-            f"created){asked}")
+            "created)")
     if rc == lib.SHL_ESYS and ffi.errno == _errno.ENOSPC:
         size = lib.shl_segment_size(max_processes) if max_processes else 0
         need = f" for its {size}-byte segment (max_processes={max_processes})" if size else ""

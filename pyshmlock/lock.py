@@ -68,6 +68,10 @@ _OK = lib.SHL_OK
 #: whose end never comes does not pin a server for the day.
 DEFAULT_SESSION_TTL = 600.0
 
+#: The process slots a lock gets when its creator does not give
+#: ``max_processes``.
+DEFAULT_MAX_PROCESSES = 256
+
 #: The longest lifetime of an update session, in seconds: 400 days (the C
 #: core's SHL_SESSION_TTL_MAX_S).  A session is a bounded pin: a longer ttl,
 #: or inf, is a ValueError.
@@ -189,14 +193,19 @@ class RWLock(_fastpath.Lock):
     """A reader/writer lock with a pause gate, shared by every process that
     opens the same name.
 
-    ``RWLock(name, *, create=True, mode=0o600, max_processes=256, group=None,
+    ``RWLock(name, *, create=True, mode=0o600, max_processes=None, group=None,
     stale="reset")``
 
     ``name`` is 1-200 characters of ``[A-Za-z0-9._-]``; the lock lives in the
     POSIX shared-memory object ``/pyshmlock.<name>``.  With ``create=True``
     (the default) the first opener creates it with permissions ``mode``
     (default ``0o600``: owner read/write) and room for ``max_processes``
-    attached processes; later openers get the creator's values.
+    attached processes (None: 256); later openers get the creator's values.
+    An opener that gives ``max_processes`` and finds a lock of another size
+    that no process has open and that holds no pause, hold, update session,
+    host lease, fence or data-suspect mark re-creates it at that size (a
+    restart with more workers); one that stays and has fewer slots than
+    asked raises TooManyProcessesError at once, naming both values.
     ``create=False`` raises FileNotFoundError if it does not exist.
 
     Holds, as :class:`SyncHold` objects shaped like threading.Lock:
@@ -247,7 +256,8 @@ class RWLock(_fastpath.Lock):
     update_lock: SyncHold
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
-                 max_processes: int = 256, group: Union[int, str, None] = None,
+                 max_processes: Optional[int] = None,
+                 group: Union[int, str, None] = None,
                  stale: str = "reset", allow_no_robust: bool = False,
                  _fail_closed: Optional[bool] = None) -> None:
         check_name(name)
@@ -256,12 +266,14 @@ class RWLock(_fastpath.Lock):
         gid = check_group(group)
         check_stale(stale)
         check_mode(mode)
-        check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
+        sized = max_processes is not None
+        slots = DEFAULT_MAX_PROCESSES if max_processes is None else max_processes
+        check_max_processes(slots, lib.SHL_MAX_PROCESSES_LIMIT)
         check_bool(create, "create")
         check_bool(allow_no_robust, "allow_no_robust")
         self.name = name
-        self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
-                                                   gid, _fail_closed, allow_no_robust)
+        self._att: Optional[_Attachment] = _attach(name, bool(create), mode, slots,
+                                                   gid, _fail_closed, allow_no_robust, sized)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         if self._att.refs == 1:      # this process's first attachment to the segment

@@ -222,7 +222,10 @@ static void own_liveness_fd(shl_lock *h)
         path[at++] = digits[--n];
     path[at] = 0;
     int fresh = open(path, O_RDWR | O_CLOEXEC);
-    if (fresh < 0 || dup3(fresh, h->lockfd, O_CLOEXEC) < 0) {
+    /* The child's handle is one more handle of the segment (liveness.c,
+     * "the segment's handles"): its parent's still holds the read lock, so
+     * this one is never refused unless the parent closed it meanwhile. */
+    if (fresh < 0 || liveness_share_now(fresh) != 0 || dup3(fresh, h->lockfd, O_CLOEXEC) < 0) {
         close(h->lockfd);
         h->lockfd = -1;
     }

@@ -461,6 +461,10 @@ void liveness_drop(int fd, uint32_t slot);
 int liveness_take_operator(shl_lock *h);
 void liveness_drop_operator(shl_lock *h, int k);
 int liveness_operator_held(int fd, uint32_t k);
+int liveness_share(int fd);          /* the handles' byte: segment.c, re-creating */
+int liveness_share_now(int fd);
+int liveness_share_alone(int fd);
+void liveness_share_again(int fd);
 uint64_t liveness_pidns(void);
 uint64_t liveness_timens(void);
 uint64_t liveness_start_ticks(void);

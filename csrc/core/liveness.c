@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define PF_EXITING_FLAG 0x00000004u   /* include/linux/sched.h PF_EXITING */
 
@@ -126,6 +127,57 @@ void liveness_drop_operator(shl_lock *h, int k)
     (void)ofd_lock(h->lockfd, F_UNLCK, OP_BYTE_BASE + (uint32_t)k, F_OFD_SETLK);
     /* relaxed: as in liveness_take_operator */
     atomic_fetch_and_explicit(&h->op_bytes, ~(1ULL << k), memory_order_relaxed);
+}
+
+/* ------------------------------------------------ the segment's handles */
+
+/*
+ * Every handle of a segment, attached or an operator's, holds an OFD read
+ * lock on SHARE_BYTE for its whole life, on its liveness descriptor (so the
+ * kernel drops it with the handle: at close, exit or kill); a forked child's
+ * handle takes one on its own description (handles.c).  An opener that
+ * asks for another max_processes re-creates an unused segment only under
+ * the write lock of that byte (segment.c, "Re-creating an unused segment"):
+ * it gets it only while no other handle of the segment exists anywhere, and
+ * while it holds it no opener can take a read lock, so none attaches to
+ * the segment it removes.  An opener that mapped the segment before its
+ * removal takes its read lock after it, finds the name naming another
+ * segment, and opens again.
+ */
+#define SHARE_BYTE (OP_BYTE_BASE + OP_BYTES)
+
+/* Take h's read lock on SHARE_BYTE, waiting (bounded, as for an unfinished
+ * creation) while a re-creation holds the write lock.  0, or -1 with errno
+ * (EAGAIN: a re-creation held it all that time). */
+int liveness_share(int fd)
+{
+    int64_t give_up = mono_ns() + OPEN_WAIT_NS;
+    while (ofd_lock(fd, F_RDLCK, SHARE_BYTE, F_OFD_SETLK) != 0) {
+        if ((errno != EAGAIN && errno != EACCES) || mono_ns() > give_up)
+            return -1;
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    return 0;
+}
+
+/* The same, one try, async-signal-safe (a forked child's handle). */
+int liveness_share_now(int fd)
+{
+    return ofd_lock(fd, F_RDLCK, SHARE_BYTE, F_OFD_SETLK) == 0 ? 0 : -1;
+}
+
+/* Turn fd's read lock into the write lock: 0 if no other handle of the
+ * segment exists (no other description holds the byte), else -1. */
+int liveness_share_alone(int fd)
+{
+    return ofd_lock(fd, F_WRLCK, SHARE_BYTE, F_OFD_SETLK) == 0 ? 0 : -1;
+}
+
+/* And back to the read lock (never refused: nobody else holds the byte). */
+void liveness_share_again(int fd)
+{
+    (void)ofd_lock(fd, F_RDLCK, SHARE_BYTE, F_OFD_SETLK);
 }
 
 /* Is operator byte k held by an operator (a write lock)?  1 yes, 0 no,

@@ -294,6 +294,65 @@ static int liveness_fd(int fd, const char *path, const struct stat *st)
     return lfd;
 }
 
+/* Does the lock's name still name the segment st (dev/ino)? */
+static int names_segment(const char *name, const struct stat *st)
+{
+    char file[SHL_PATH_MAX];
+    struct stat now;
+    shl_segment_path(name, 1, file, sizeof file);
+    return stat(file, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
+}
+
+/* ------------------------------------------ re-creating an unused segment */
+
+enum { OPEN_AGAIN = 1 };   /* open_once: the name names another segment now */
+
+static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev,
+                             uint64_t ino);
+static int unlink_exactly(const char *name, const struct stat *probed);
+
+/* Nothing in the segment: no process's slot (count_others reclaims dead
+ * ones first), no pause, claim, session, suspect mark, armed lease or
+ * raised fence.  Called with the handles' byte write-locked: no handle of
+ * the segment exists anywhere, and none can appear. */
+static int segment_unused(struct shl_header *hd, uint32_t max, int lfd, const struct stat *st)
+{
+    if (count_others(hd, max, lfd, (uint64_t)st->st_dev, (uint64_t)st->st_ino) != 0)
+        return 0;
+    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
+    /* relaxed: nobody else can write them now (see above) */
+    return (s & (ST_CLAIM_BITS | ST_PAUSED | ST_PINNED | ST_SUSPECT)) == 0 &&
+           atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) == 0 &&
+           atomic_load_explicit(&hd->fence, memory_order_relaxed) == 0 &&
+           atomic_load_explicit(&hd->applied, memory_order_relaxed) == 0;
+}
+
+/*
+ * An opener that asked for another max_processes (SHL_OPEN_SIZED) than the
+ * existing segment has (mapped and validated, lfd its liveness descriptor).
+ * Its first handle on the byte is the write lock, held only if no other
+ * handle of the segment exists anywhere (liveness.c, "the segment's
+ * handles"); then, if the segment is still the name's and unused, the name
+ * is removed (exactly this segment) and the caller opens again, creating it
+ * at the asked size: OPEN_AGAIN.  Otherwise this opener keeps the byte's
+ * read lock, as any opener, and the segment stays: SHL_OK (the caller
+ * refuses an ask for more slots than it has, SHL_EFULL).  Openers racing
+ * to re-create it: the first takes the write lock; the others wait for the
+ * read lock, then find the name naming the new segment (OPEN_AGAIN).
+ */
+static int recreate_unused(struct shl_header *hd, uint32_t max, int lfd, const struct stat *st,
+                           const char *name)
+{
+    if (liveness_share_alone(lfd) != 0)
+        return liveness_share(lfd) == 0 ? SHL_OK : SHL_ESYS;
+    if (!names_segment(name, st))
+        return OPEN_AGAIN;      /* re-created already: the lock goes with lfd */
+    if (segment_unused(hd, max, lfd, st))
+        return unlink_exactly(name, st) < 0 ? SHL_ESYS : OPEN_AGAIN;
+    liveness_share_again(lfd);
+    return SHL_OK;
+}
+
 /* Make the handle for a mapped, validated segment: take a slot, apply a
  * lease that has already passed, and publish it (handles.c); *out is its
  * token.  lfd is its liveness descriptor, the handle's from here on. */
@@ -343,9 +402,10 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     if (!valid_name(name) || mode > 0777 || (mode & 0600) != 0600 ||
         group > (int64_t)UINT32_MAX - 1 ||
         (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT |
-                   SHL_OPEN_NO_ROBUST)))
+                   SHL_OPEN_NO_ROBUST | SHL_OPEN_SIZED)))
         return SHL_EINVAL;
-    if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
+    if ((create || (flags & SHL_OPEN_SIZED)) &&
+        (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     core_init();
     /* Without robust futexes a dead holder is never reclaimed: only by
@@ -358,6 +418,18 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
 
     for (int attempt = 0;; attempt++) {
         int r = open_once(name, path, flags, mode, group, max_processes, out, info);
+        if (r == OPEN_AGAIN) {
+            /* Re-created at another size, or removed, since we opened it
+             * (recreate_unused): open what the name names now.  Each round
+             * means another opener changed the name: bounded. */
+            int replaced = info->replaced;
+            memset(info, 0, sizeof *info);
+            info->replaced = replaced;
+            if (attempt < 64)
+                continue;
+            errno = EAGAIN;
+            return SHL_ESYS;
+        }
         if (r != SHL_EVERSION || !create || info->live != 0 || attempt >= 4)
             return r;
         /* An upgrade: the segment of another layout is unused (every
@@ -380,7 +452,6 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
                      int64_t group, uint32_t max_processes, shl_lock **out,
                      shl_open_info *info)
 {
-    (void)name;
     int created, replaced = info->replaced;
     int fd = open_name(path, (flags & SHL_OPEN_CREATE) != 0, mode, &created);
     if (fd < 0)
@@ -400,8 +471,25 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
     int lfd = -1;
     if (r == SHL_OK && (lfd = liveness_fd(fd, path, &st)) < 0)
         r = SHL_ESYS;
+    /* One more handle of the segment (liveness.c), and the segment still
+     * the one the name names: else it was re-created meanwhile
+     * (recreate_unused) or removed, and the caller opens again.  An opener
+     * that asked for another size may re-create it here. */
+    uint32_t want = !created && (flags & SHL_OPEN_SIZED) ? max_processes : 0;
+    if (r == SHL_OK && want != 0 && want != max)
+        r = recreate_unused(hd, max, lfd, &st, name);
+    else if (r == SHL_OK && liveness_share(lfd) != 0)
+        r = SHL_ESYS;
+    if (r == SHL_OK && !names_segment(name, &st))
+        r = OPEN_AGAIN;
+    if (r == SHL_OK && want > max) {
+        info->max_processes = max;   /* the segment stays, with fewer slots */
+        r = SHL_EFULL;
+    }
     int e = errno;
     close(fd);
+    if (r != SHL_OK && lfd >= 0)
+        close(lfd);
     errno = e;
     if (r == SHL_OK) {
         fill_info(info, &st);
