@@ -173,6 +173,13 @@ def _with_opt_in(argv: List[str], group: Optional[str], mode: int) -> List[str]:
     return out[:cut] + extra + out[cut:]
 
 
+def unreadable_text(r: Refusal) -> str:
+    """A lock `ls` may not look at, on its line: whose it is, its mode and
+    the command that shows it (as its owner)."""
+    return (f"not readable by uid {os.geteuid()}: owned by uid {r.uid} ({_sudo_user(r.uid)}), "
+            f"mode {r.mode:04o}; `sudo -u {_sudo_user(r.uid)} pyshmlock status {r.name}`")
+
+
 def refusal_text(r: Refusal, argv: List[str]) -> str:
     """What the command says when the lock's segment is refused: whose it
     is, its mode, and the command lines that work (the same command as its

@@ -34,6 +34,7 @@ from ._cli_text import (
     pauser_text,
     refusal_text,
     session_text,
+    unreadable_text,
 )
 from .errors import (
     LayoutVersionError,
@@ -167,7 +168,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             continue      # removed since the listing
         except (PyshmlockError, OSError) as e:
-            print(f"{name:40} (unreadable: {cli_message(e)})")
+            r = refusal_of(e) if isinstance(e, PermissionError) else None
+            why = unreadable_text(r) if r and r.uid >= 0 else f"unreadable: {cli_message(e)}"
+            print(f"{name:40} ({why})")
             continue
         ex = (f"write pid {i.writer_pid}" if i.writer_pid else
               f"update pid {i.updater_pid}" if i.updater_pid else "-")

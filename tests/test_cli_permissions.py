@@ -185,3 +185,41 @@ def test_a_lock_open_to_every_user_names_the_mode_that_opens_it(lock_name):
     assert p.returncode == 1 and "--mode 0666" in p.stderr, p.stderr
     p = run_as(0, "pause", "--mode", "0666", lock_name)
     assert p.returncode == 0, p.stderr
+
+
+def test_ls_as_an_unprivileged_user_names_the_owner_the_mode_and_a_command(roots_lock):
+    name = roots_lock.name
+    p = run_as(NOBODY, "ls")
+    assert p.returncode == 0, p.stderr
+    line = [ln for ln in p.stdout.splitlines() if ln.split()[:1] == [name]]
+    assert line, p.stdout
+    assert "uid 0 (root)" in line[0] and "mode 0600" in line[0], line
+    fixes = suggested(line[0], NOBODY)
+    assert fixes and fixes[0][0] == 0, line
+    uid, args = fixes[0]
+    done = run_as(uid, *args)
+    assert done.returncode == 0 and name in done.stdout, done
+
+
+# Every verb of the command, as root on a group-shared lock of another user:
+# it works, or its refusal names the owner, the mode and a command that does.
+EVERY_VERB = [["ls"], ["status", "{}"], ["status", "{}", "--json"],
+              ["status", "{}", "--format", "prometheus"], ["watch", "{}", "--count", "1"],
+              ["pause", "{}"], ["resume", "{}", "--timeout", "1"], ["session", "end", "{}"],
+              ["rm", "{}"]]
+
+
+@pytest.mark.parametrize("verb", EVERY_VERB, ids=lambda v: " ".join(w for w in v if w != "{}"))
+def test_root_on_a_group_shared_lock_every_verb_works_or_names_the_fix(lock_name, verb):
+    p = python_as(NOBODY, GROUP_SHARED, lock_name, groups=(DAEMON_GID,))
+    assert p.returncode == 0, p.stderr
+    argv = [w.format(lock_name) for w in verb]
+    p = run_as(0, *argv)
+    if p.returncode == 0:
+        return
+    if verb[0] == "session" and "no update session" in p.stderr:
+        return                                   # it opened the lock: nothing to end
+    fixes = assert_refusal_names_owner_mode_and_fix(p, "uid 65534 (nobody)", 0o660, argv[0], 0)
+    uid, args = fixes[0]
+    done = run_as(uid, *args, groups=(DAEMON_GID,) if uid == NOBODY else ())
+    assert done.returncode == 0 or "no update session" in done.stderr, (args, done.stderr)
