@@ -83,7 +83,8 @@ def roots_lock(lock_name):
     lk.close()
 
 
-@pytest.mark.parametrize("cmd", ["status", "watch --count 1", "pause", "resume --timeout 1",
+@pytest.mark.parametrize("cmd", ["status", "status --json", "status --format prometheus",
+                                 "watch --count 1", "pause", "resume --timeout 1",
                                  "session end", "rm"])
 def test_an_unprivileged_user_on_roots_lock_gets_the_owner_the_mode_and_a_fix(roots_lock, cmd):
     name = roots_lock.name
