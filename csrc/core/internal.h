@@ -29,6 +29,7 @@
  *               boundary where shared memory is untrusted input.
  *   validate.c  the checks of an existing segment's header and slots, for
  *               openers and observers alike.
+ *   recreate.c  an unused segment re-created at the size an opener asks.
  *   lease.c     the host lease and its watchdog thread (cluster agent).
  *   info.c      introspection: snapshots of an attached lock, and
  *               observers that read copies of a segment.
@@ -508,6 +509,17 @@ int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max,
                     shl_corruption *why);
 int validate_slots(const struct shl_slot *slots, uint32_t first, uint32_t n,
                    shl_corruption *why);
+
+/* recreate.c: an unused segment re-created at the size asked for; what of
+ * segment.c it uses.  OPEN_AGAIN: the name names another segment now, open
+ * again (never returned by shl_open). */
+enum { OPEN_AGAIN = 1 };
+struct stat;
+int names_segment(const char *name, const struct stat *st);
+int recreate_unused(struct shl_header *hd, uint32_t max, int lfd, const struct stat *st,
+                    const char *name);
+uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev, uint64_t ino);
+int unlink_exactly(const char *name, const struct stat *probed);
 
 /* lease.c: the lease watchdog thread. */
 int lease_check(shl_lock *h);

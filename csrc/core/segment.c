@@ -264,8 +264,6 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
     return r;
 }
 
-static int unlink_exactly(const char *name, const struct stat *probed);
-
 /*
  * A second open file description of the segment open on fd, never mapped:
  * the handle's liveness descriptor (liveness.c).  A mapping holds a
@@ -292,65 +290,6 @@ static int liveness_fd(int fd, const char *path, const struct stat *st)
         errno = ESTALE;   /* the name was given to another segment meanwhile */
     }
     return lfd;
-}
-
-/* Does the lock's name still name the segment st (dev/ino)? */
-static int names_segment(const char *name, const struct stat *st)
-{
-    char file[SHL_PATH_MAX];
-    struct stat now;
-    shl_segment_path(name, 1, file, sizeof file);
-    return stat(file, &now) == 0 && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
-}
-
-/* ------------------------------------------ re-creating an unused segment */
-
-enum { OPEN_AGAIN = 1 };   /* open_once: the name names another segment now */
-
-static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev,
-                             uint64_t ino);
-static int unlink_exactly(const char *name, const struct stat *probed);
-
-/* Nothing in the segment: no process's slot (count_others reclaims dead
- * ones first), no pause, claim, session, suspect mark, armed lease or
- * raised fence.  Called with the handles' byte write-locked: no handle of
- * the segment exists anywhere, and none can appear. */
-static int segment_unused(struct shl_header *hd, uint32_t max, int lfd, const struct stat *st)
-{
-    if (count_others(hd, max, lfd, (uint64_t)st->st_dev, (uint64_t)st->st_ino) != 0)
-        return 0;
-    uint32_t s = atomic_load_explicit(&hd->state, memory_order_seq_cst);
-    /* relaxed: nobody else can write them now (see above) */
-    return (s & (ST_CLAIM_BITS | ST_PAUSED | ST_PINNED | ST_SUSPECT)) == 0 &&
-           atomic_load_explicit(&hd->lease_deadline_ns, memory_order_relaxed) == 0 &&
-           atomic_load_explicit(&hd->fence, memory_order_relaxed) == 0 &&
-           atomic_load_explicit(&hd->applied, memory_order_relaxed) == 0;
-}
-
-/*
- * An opener that asked for another max_processes (SHL_OPEN_SIZED) than the
- * existing segment has (mapped and validated, lfd its liveness descriptor).
- * Its first handle on the byte is the write lock, held only if no other
- * handle of the segment exists anywhere (liveness.c, "the segment's
- * handles"); then, if the segment is still the name's and unused, the name
- * is removed (exactly this segment) and the caller opens again, creating it
- * at the asked size: OPEN_AGAIN.  Otherwise this opener keeps the byte's
- * read lock, as any opener, and the segment stays: SHL_OK (the caller
- * refuses an ask for more slots than it has, SHL_EFULL).  Openers racing
- * to re-create it: the first takes the write lock; the others wait for the
- * read lock, then find the name naming the new segment (OPEN_AGAIN).
- */
-static int recreate_unused(struct shl_header *hd, uint32_t max, int lfd, const struct stat *st,
-                           const char *name)
-{
-    if (liveness_share_alone(lfd) != 0)
-        return liveness_share(lfd) == 0 ? SHL_OK : SHL_ESYS;
-    if (!names_segment(name, st))
-        return OPEN_AGAIN;      /* re-created already: the lock goes with lfd */
-    if (segment_unused(hd, max, lfd, st))
-        return unlink_exactly(name, st) < 0 ? SHL_ESYS : OPEN_AGAIN;
-    liveness_share_again(lfd);
-    return SHL_OK;
 }
 
 /* Make the handle for a mapped, validated segment: take a slot, apply a
@@ -568,8 +507,7 @@ int shl_close(shl_lock *token)
 /* Count the live (or exiting) processes attached to the mapped segment
  * (dev/ino, open on fd), other than this process's own attachments;
  * reclaims dead ones. */
-static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev,
-                             uint64_t ino)
+uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev, uint64_t ino)
 {
     shl_lock probe;
     memset(&probe, 0, sizeof probe);
@@ -603,7 +541,7 @@ static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64
  * unlink does.  A crash between the renames leaves a file
  * "/dev/shm/.pyshmlock-unlink.*" behind (and the lock's name missing).
  */
-static int unlink_exactly(const char *name, const struct stat *probed)
+int unlink_exactly(const char *name, const struct stat *probed)
 {
     static _Atomic uint32_t seq;   /* relaxed: only makes names unique in this process */
     char path[SHL_PATH_MAX], tmp[96];
