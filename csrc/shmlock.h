@@ -171,9 +171,29 @@ typedef struct shl_recovery_record {
 #define SHL_LOST_SESSION 64u     /* an update session that expired before its end */
 #define SHL_RECOVERY_LOG 16
 
+/* What a validation of a segment found wrong, with SHL_ECORRUPT (opening
+ * and observing run the same validation: core/segment.c): which check,
+ * where, and the value found. */
+typedef struct shl_corruption {
+    uint32_t what;               /* SHL_CORRUPT_* */
+    int32_t slot;                /* the slot it is in; -1: the header */
+    uint64_t value;              /* the value found */
+} shl_corruption;
+
+#define SHL_CORRUPT_SIZES    1   /* header_size/slot_size are not this layout's (value: both) */
+#define SHL_CORRUPT_MAX      2   /* max_processes is not 1..SHL_MAX_PROCESSES_LIMIT */
+#define SHL_CORRUPT_TOTAL    3   /* total_size is not the layout's size */
+#define SHL_CORRUPT_OWNER    4   /* the state word names no slot of the segment (value: 1 + slot) */
+#define SHL_CORRUPT_MUTEX    5   /* a slot's mutex is not a pyshmlock mutex (value: its kind) */
+#define SHL_CORRUPT_PID      6   /* a slot's pid is above the kernel's limit */
+#define SHL_CORRUPT_READERS  7   /* a slot counts more read holds than a process can have */
+#define SHL_CORRUPT_WAITING  8   /* a slot counts more sleeping threads than a process can have */
+#define SHL_CORRUPT_OWED     9   /* a slot counts more owed readers than any process makes */
+#define SHL_PID_LIMIT        4194304   /* the kernel's PID_MAX_LIMIT on 64-bit */
+
 /* What shl_open found: filled on success, and on SHL_EPERM / SHL_ESIZE /
- * SHL_EVERSION / SHL_EFULL so that the caller can say why the segment was
- * refused. */
+ * SHL_EVERSION / SHL_EFULL / SHL_ECORRUPT so that the caller can say why the
+ * segment was refused. */
 typedef struct shl_open_info {
     int32_t created;             /* 1 this call created the segment */
     uint32_t uid, gid, mode;     /* the segment's owner, group, permission bits */
@@ -186,6 +206,7 @@ typedef struct shl_open_info {
     uint32_t live_pid;           /* ... and one of them */
     int32_t replaced;            /* 1: an unused segment of another layout was
                                     replaced by this open (an upgrade) */
+    shl_corruption corrupt;      /* SHL_ECORRUPT: what the validation found */
 } shl_open_info;
 
 /* shl_open's flags. */
@@ -201,6 +222,12 @@ typedef struct shl_open_info {
                                     (SHL_ENOROBUST otherwise): without crash
                                     recovery, a process that dies holding the lock
                                     leaves it held for ever */
+#define SHL_OPEN_SIZED      16u  /* max_processes is asked for, not a default: an
+                                    existing segment of another size that no
+                                    handle has open and nothing marks (no pause,
+                                    claim, session, suspect mark, lease, fence) is
+                                    re-created at it; one that stays and has fewer
+                                    slots is SHL_EFULL (info->max_processes) */
 
 /* What this platform offers the core (shl_platform): robust futexes
  * (set_robust_list: crash recovery) and futex_waitv (Linux 5.16+: a waiter
@@ -217,12 +244,15 @@ uint32_t shl_platform(void);
  * process of an older release stopped: an upgrade) is removed and created
  * anew when SHL_OPEN_CREATE is given (info->replaced); while a process uses
  * it, SHL_EVERSION names one of them (info->live_pid).
- * A new segment gets permission bits `mode` (exactly; umask does not apply)
- * and, if group >= 0, that group; its space is reserved before it is
+ * A new segment gets permission bits `mode` (exactly; umask does not apply;
+ * a mode without owner read and write, 0600, is SHL_EINVAL: the creator
+ * could not open it again) and, if group >= 0, that group; its space is reserved before it is
  * written (a full /dev/shm is SHL_ESYS with ENOSPC, and the name is gone
  * again).  An existing one is refused (SHL_EPERM) unless it is owned by
  * this effective uid, or group >= 0 and its group is `group`; and unless
- * it grants no group/other write bit beyond `mode`. */
+ * it grants no other write bit beyond `mode`, and no group write bit beyond
+ * `mode` either, except to its own group on a segment this uid owns and
+ * opens without group (the owner's own grant: a lock made with a group). */
 int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
              uint32_t max_processes, shl_lock **out, shl_open_info *info);
 /* Where the lock `name` lives (the one name-to-path rule): the POSIX
@@ -284,6 +314,17 @@ int shl_is_locked(shl_lock *h);
  * or a forced resume), and the recovery log records SHL_LOST_SESSION. */
 int shl_session_pin(shl_lock *h, int64_t ttl_ns, uint64_t *token);
 int shl_session_end(shl_lock *h, uint64_t token);
+/* shl_session_abort    end the session `token` now as lost, whoever began
+ *                      it (an operator ending the session of a process that
+ *                      died): the pause stays, the data is marked suspect,
+ *                      as at an expiry.  SHL_ENOSESSION if it is not the
+ *                      current session.
+ * Any handle may end a session, an operator's (SHL_OPEN_NO_SLOT) too: it
+ * holds a liveness byte of its own while it does (SHL_EBUSY if none is
+ * free).  A ttl_ns of more than SHL_SESSION_TTL_MAX_S seconds (400 days) is
+ * SHL_EINVAL: a session is a bounded pin, never a pause for ever. */
+int shl_session_abort(shl_lock *h, uint64_t token);
+#define SHL_SESSION_TTL_MAX_S 34560000   /* 400 days */
 
 /* Fencing at the host (cluster): the highest fleet update token this lock
  * has seen, which only rises, and the token of the last update applied
@@ -390,7 +431,9 @@ int shl_reset_stale(shl_lock *h, uint32_t dead_pauser);
  * reported, never reclaimed.  An empty (not yet initialised) segment is
  * SHL_EINIT at once. */
 typedef struct shl_observer shl_observer;
-int shl_observe_open(const char *name, shl_observer **out);
+/* Validates the segment as an opener does, slots included (SHL_ECORRUPT,
+ * with what it found in *why if why is not NULL). */
+int shl_observe_open(const char *name, shl_observer **out, shl_corruption *why);
 void shl_observe_close(shl_observer *o);
 int shl_observe_info(shl_observer *o, shl_snapshot *out);
 /* out->alive: 1 live or exiting (or a mutex we cannot read: never called

@@ -42,6 +42,7 @@ from .errors import (
 )
 from .lock import (
     DEFAULT_SESSION_TTL,
+    MAX_SESSION_TTL,
     AttachedProcess,
     FencedUpdate,
     LockInfo,
@@ -63,6 +64,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_SESSION_TTL",
+    "MAX_SESSION_TTL",
     "AsyncHold",
     "AsyncRWLock",
     "AttachedProcess",

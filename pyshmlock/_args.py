@@ -55,11 +55,17 @@ def check_group(group: Union[int, str, None]) -> int:
 
 
 def check_mode(mode: Any) -> int:
-    """Return ``mode`` if it is a permission number 0..0o777."""
+    """Return ``mode`` if it is a permission number 0..0o777 that gives the
+    owner read and write (without them the creator's own next open of the
+    lock would fail with EACCES)."""
     if isinstance(mode, bool) or not isinstance(mode, int):
         raise TypeError(f"mode must be an int such as 0o600, not {type(mode).__name__}")
     if not 0 <= mode <= 0o777:
         raise ValueError(f"mode must be a permission number 0..0o777, not {oct(mode)}")
+    if mode & 0o600 != 0o600:
+        raise ValueError(f"mode {mode:#05o} does not give the lock's owner read and write "
+                         f"(0o600): the creator could not open it again; use "
+                         f"{mode | 0o600:#05o}")
     return mode
 
 

@@ -2,16 +2,17 @@
 of one segment in one process share one C handle (holds belong to the
 process, not to the Python object); opening, the last close and its hooks,
 and the registry's reset in a forked child."""
+import collections
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ._args import SHM_DIR as SHM_DIR
 from ._args import SHM_PREFIX as SHM_PREFIX
 from ._args import segment_path
 from ._fastpath import close_handle
 from ._shmlock import ffi, lib
-from .errors import LockInUseError, error_for, open_error
+from .errors import LockInUseError, error_for, open_error, slots_refusal
 
 _OK = lib.SHL_OK
 
@@ -19,15 +20,16 @@ _OK = lib.SHL_OK
 class _Attachment:
     """One process's attachment to one segment, shared by its RWLock objects."""
 
-    __slots__ = ("handle", "key", "name", "refs", "registered")
+    __slots__ = ("handle", "key", "max_processes", "name", "refs", "registered")
 
     def __init__(self, handle: Any, key: Tuple[int, int], name: str,
-                 registered: bool = True) -> None:
+                 registered: bool = True, max_processes: int = 0) -> None:
         self.handle = handle
         self.refs = 0
         self.key = key
         self.name = name
         self.registered = registered   # False: an operator's handle of its own
+        self.max_processes = max_processes   # the segment's slots
 
 
 _registry: Dict[Tuple[int, int], _Attachment] = {}
@@ -66,7 +68,7 @@ def allow_no_robust(asked: bool) -> bool:
 
 def _attach(name: str, create: bool, mode: int, max_processes: int,
             gid: int = -1, fail_closed: bool = False,
-            no_robust: bool = False) -> _Attachment:
+            no_robust: bool = False, sized: bool = False) -> _Attachment:
     """This process's attachment to the segment ``name``, one more reference.
 
     The C open runs outside the registry lock: it may wait (up to 2 s) for a
@@ -77,11 +79,19 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
 
     ``fail_closed``: a segment this call creates starts paused under an
     already-passed host lease (a cluster host's lock, see shl_open).
-    ``no_robust``: open even without robust futexes (no crash recovery)."""
+    ``no_robust``: open even without robust futexes (no crash recovery).
+    ``sized``: max_processes was asked for (SHL_OPEN_SIZED: an unused lock
+    of another size is re-created at it), not the default."""
     key = _segment_key(name)
     with _registry_lock:
+        _settle_dropped()
         att = _registry.get(key) if key else None
         if att is not None:
+            # This process has the segment open (or inherited it): it stays,
+            # so an ask for more slots than it has is refused, as shl_open
+            # refuses it.
+            if sized and max_processes > att.max_processes:
+                raise slots_refusal(name, att.max_processes, max_processes)
             shared = _share_open(att)
             if shared is not None:
                 return shared
@@ -89,15 +99,17 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     info = ffi.new("shl_open_info *")
     flags = (lib.SHL_OPEN_CREATE if create else 0) | \
         (lib.SHL_OPEN_FAIL_CLOSED if fail_closed else 0) | \
-        (lib.SHL_OPEN_NO_ROBUST if allow_no_robust(no_robust) else 0)
+        (lib.SHL_OPEN_NO_ROBUST if allow_no_robust(no_robust) else 0) | \
+        (lib.SHL_OPEN_SIZED if sized else 0)
     rc = lib.shl_open(name.encode(), flags, mode, gid, max_processes, out, info)
     if rc != _OK:
-        raise open_error(rc, name, info, mode, gid, max_processes if create else 0)
+        raise open_error(rc, name, info, mode, gid, max_processes if create or sized else 0)
     key = (info.dev, info.ino)
     with _registry_lock:
         att = _registry.get(key)
         if att is None:
-            att = _registry[key] = _Attachment(out[0], key, name)
+            att = _registry[key] = _Attachment(out[0], key, name,
+                                               max_processes=info.max_processes)
             att.refs += 1
             return att
         # Another thread of this process opened the same segment meanwhile:
@@ -106,22 +118,25 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
         if shared is not None:
             close_handle(out[0])
             return shared
-        att = _registry[key] = _Attachment(out[0], key, name)
+        att = _registry[key] = _Attachment(out[0], key, name,
+                                           max_processes=info.max_processes)
         att.refs += 1
         return att
 
 
-def _attach_operator(name: str) -> _Attachment:
+def _attach_operator(name: str, mode: int = 0, gid: int = -1) -> _Attachment:
     """An operator's attachment to the existing lock ``name``: a handle of
     its own that takes no process slot (SHL_OPEN_NO_SLOT), so it opens a lock
     whose slots are all taken; it may pause, resume and look, never hold.
-    Not shared through the registry: closing it touches no other object."""
+    Not shared through the registry: closing it touches no other object.
+    ``mode`` and ``gid`` are the trust check's, as RWLock's (the `pyshmlock`
+    command's --mode and --group); mode 0: DEFAULT_OPERATOR_MODE."""
+    mode = mode or DEFAULT_OPERATOR_MODE
     out = ffi.new("shl_lock **")
     info = ffi.new("shl_open_info *")
-    rc = lib.shl_open(name.encode(), lib.SHL_OPEN_NO_SLOT, DEFAULT_OPERATOR_MODE, -1, 0,
-                      out, info)
+    rc = lib.shl_open(name.encode(), lib.SHL_OPEN_NO_SLOT, mode, gid, 0, out, info)
     if rc != _OK:
-        raise open_error(rc, name, info, DEFAULT_OPERATOR_MODE, -1)
+        raise open_error(rc, name, info, mode, gid)
     att = _Attachment(out[0], (info.dev, info.ino), name, registered=False)
     att.refs = 1
     return att
@@ -164,31 +179,89 @@ def _share(att: _Attachment) -> _Attachment:
 _close_hooks: List[Callable[[_Attachment], None]] = []
 
 
+# References given back by the finaliser of a lock object dropped without
+# close() (RWLock.__del__).  A finaliser may run anywhere, also in a thread
+# that holds _registry_lock, so it takes no lock: it only appends here
+# (deque.append is atomic), and whoever next takes the registry lock (any
+# open or close of a lock in this process) settles them (_settle_dropped).
+_dropped: Deque[_Attachment] = collections.deque()
+# Attachments whose last reference was dropped but which could not be
+# closed then (the process still held the lock through them, or calls were
+# in flight): kept open and registered, a later open shares them, and every
+# settling tries again to close them.
+_orphans: List[_Attachment] = []
+
+
+def drop(att: _Attachment) -> None:
+    """Give back the reference of a dropped lock object (a finaliser's
+    call: no lock, no system call)."""
+    _dropped.append(att)
+
+
+def _settle_dropped() -> None:
+    """Apply the references dropped objects gave back (caller holds the
+    registry lock): an attachment nobody uses any more is closed, or kept
+    for a later try if it cannot be yet."""
+    while True:
+        try:
+            att = _dropped.popleft()
+        except IndexError:
+            break
+        att.refs -= 1
+        if att.refs <= 0:
+            _orphans.append(att)
+    for att in list(_orphans):
+        if att.refs > 0:
+            _orphans.remove(att)          # opened again: an object uses it
+        elif _close(att, quiet=True):
+            _orphans.remove(att)
+
+
+def _close(att: _Attachment, quiet: bool = False, owner: Any = None) -> bool:
+    """Close the attachment's handle (caller holds the registry lock, or the
+    attachment is an unregistered operator's).  LockInUseError while the
+    process holds the lock or calls are in flight, or with quiet, False.
+    owner: the RWLock whose close this is, forgetting the handle as it
+    closes (_fastpath.close_handle)."""
+    try:
+        if att.registered:
+            for hook in _close_hooks:
+                hook(att)
+        rc = close_handle(att.handle, owner)
+    except LockInUseError:
+        if quiet:
+            return False
+        raise
+    if rc == lib.SHL_EBUSY and not quiet:
+        raise LockInUseError(
+            f"lock {att.name!r}: close() while this process still holds it; "
+            "release its holds first")
+    if rc == lib.SHL_EINFLIGHT and not quiet:
+        raise LockInUseError(
+            f"lock {att.name!r}: close() while another thread or task of this "
+            "process is inside a call on it or waiting for it (calls in flight); "
+            "let them finish, or cancel them, first")
+    if rc in (lib.SHL_EBUSY, lib.SHL_EINFLIGHT):
+        return False
+    if rc != _OK and rc != lib.SHL_ECLOSED:
+        if quiet:
+            return False
+        raise error_for(rc, "close", att.name)
+    if att.registered and _registry.get(att.key) is att:
+        del _registry[att.key]
+    return True
+
+
 def _detach(att: _Attachment, owner: Any = None) -> None:
     """Drop one reference to att; close its handle with the last one (owner:
-    the RWLock whose close this is, forgetting the handle as it closes)."""
+    the RWLock whose close this is)."""
     if not att.registered:
-        rc = close_handle(att.handle, owner)
-        if rc != _OK and rc != lib.SHL_ECLOSED:
-            raise error_for(rc, "close", att.name)
+        _close(att, owner=owner)
         att.refs = 0
         return
     with _registry_lock:
+        _settle_dropped()
         if att.refs == 1:
-            for hook in _close_hooks:
-                hook(att)
-            rc = close_handle(att.handle, owner)
-            if rc == lib.SHL_EBUSY:
-                raise LockInUseError(
-                    f"lock {att.name!r}: close() while this process still holds it; "
-                    "release its holds first")
-            if rc == lib.SHL_EINFLIGHT:
-                raise LockInUseError(
-                    f"lock {att.name!r}: close() while another thread or task of this "
-                    "process is inside a call on it or waiting for it (calls in flight); "
-                    "let them finish, or cancel them, first")
-            if rc != _OK:
-                raise error_for(rc, "close", att.name)
-            del _registry[att.key]
+            _close(att, owner=owner)
         att.refs -= 1
 

@@ -98,7 +98,7 @@ class AsyncRWLock(_fastpath.AsyncLock):
     :class:`RWLock` (a process may hold both views of one name; holds belong
     to the process either way).
 
-    ``AsyncRWLock(name, *, create=True, mode=0o600, max_processes=256)``:
+    ``AsyncRWLock(name, *, create=True, mode=0o600, max_processes=None)``:
     the arguments of RWLock (``mode`` defaults to ``0o600``, owner
     read/write).
 
@@ -136,7 +136,7 @@ class AsyncRWLock(_fastpath.AsyncLock):
             """The RWLock this object works on (the C base's)."""
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
-                 max_processes: int = 256, group: Any = None,
+                 max_processes: Optional[int] = None, group: Any = None,
                  stale: str = "reset", allow_no_robust: bool = False) -> None:
         self._bind(RWLock(name, create=create, mode=mode, max_processes=max_processes,
                           group=group, stale=stale, allow_no_robust=allow_no_robust))
@@ -199,9 +199,9 @@ class AsyncRWLock(_fastpath.AsyncLock):
             if token is not None:
                 return int(token)
 
-    def end_session(self, token: int) -> None:
+    def end_session(self, token: int, *, lost: bool = False) -> None:
         """End the update session ``token`` (see RWLock.end_session)."""
-        self._lock.end_session(token)
+        self._lock.end_session(token, lost=lost)
 
     @property
     def session(self) -> Optional[SessionInfo]:

@@ -4,7 +4,8 @@
     pyshmlock status NAME [--format text|json|prometheus]   who pauses, holds and waits
     pyshmlock watch NAME              status, refreshed live
     pyshmlock pause NAME              close the gate
-    pyshmlock resume NAME [--timeout S]
+    pyshmlock resume NAME [--timeout S] [--force]
+    pyshmlock session end NAME [TOKEN]  end an update session (without TOKEN: as lost)
     pyshmlock rm NAME [--force]
     pyshmlock bench [--quick]         benchmarks next to the usual peers
     pyshmlock demo [--workers N] [--backend shared|local] [--keep-running]
@@ -19,43 +20,59 @@ slots are all taken) and never appear among the attached processes.
 never clears a pause implicitly.
 """
 import argparse
-import datetime
 import json
 import math
 import os
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
-from ._args import check_name, segment_path
+from ._args import check_group, check_mode, check_name, segment_path
+from ._cli_text import (
+    format_status,
+    owner_prefix,
+    pauser_text,
+    refusal_text,
+    session_text,
+    unreadable_text,
+)
 from .errors import (
     LayoutVersionError,
-    LockInUseError,
     PyshmlockError,
+    SessionError,
     UninitializedSegmentError,
+    cli_message,
+    refusal_of,
 )
 from .lock import SHM_DIR, SHM_PREFIX, LockInfo, RWLock, inspect, unlink
 
 EXIT_OK, EXIT_ERROR, EXIT_TIMEOUT, EXIT_USAGE = 0, 1, 3, 2
 EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_PIPE = 141          # 128 + SIGPIPE: the reader of our output stopped (`| head`)
 
 EXIT_CODES = """exit codes:
   0      success
   1      error: no such lock, permission denied, lock in use, a segment that
          is not a usable lock, a failed demo scenario, a removed lock (watch)
   2      usage: bad command line
-  3      timeout: `resume` found the pause still pinned by an update hold
+  3      timeout: `resume` found the pause still pinned by an update hold or
+         an update session (it says which, whose, and what to do)
+  141    the reader of the output stopped early (`pyshmlock status NAME | head`),
+         as a shell reports a command stopped by SIGPIPE; nothing is printed
   128+N  `demo` stopped by signal N: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP"""
 
 NAME_HELP = ("the lock name: 1-200 characters of [A-Za-z0-9._-]; the lock is "
              "/dev/shm/pyshmlock.NAME (see `pyshmlock ls`)")
 
 
-def _open(name: str) -> RWLock:
-    """The operator's handle for pause and resume: no process slot (it works
-    on a full lock), never among the attached, never resets a stale pause."""
+def _open(args: argparse.Namespace) -> RWLock:
+    """The operator's handle for pause, resume and session end: no process
+    slot (it works on a full lock), never among the attached, never resets a
+    stale pause; --group and --mode are RWLock's trust opt-ins."""
+    name = args.name
     try:
-        return RWLock._operator(name)
+        return RWLock._operator(name, mode=args.mode or (0o660 if args.group else 0o600),
+                                group=args.group)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host (see `pyshmlock ls`)") from None
 
@@ -94,6 +111,17 @@ def _interval(text: str) -> float:
     return v
 
 
+def _token(text: str) -> int:
+    """argparse type: an update session's token (a whole number)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a session token: {text!r}") from None
+    if not 0 < v < 1 << 64:
+        raise argparse.ArgumentTypeError(f"not a session token: {text!r}")
+    return v
+
+
 def _count(text: str) -> int:
     try:
         v = int(text)
@@ -104,104 +132,19 @@ def _count(text: str) -> int:
     return v
 
 
+def _demo_workers(text: str) -> int:
+    """argparse type: the demo's worker count (its locks' slots bound it)."""
+    from .demo.cluster import MAX_WORKERS
+    v = _count(text)
+    if not 2 <= v <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"the demo runs 2 to {MAX_WORKERS} workers, not {v}")
+    return v
+
+
 class _Fail(Exception):
     def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
         super().__init__(message)
         self.code = code
-
-
-def _when(ts: Optional[float]) -> str:
-    if not ts:
-        return "-"
-    dt = datetime.datetime.fromtimestamp(ts)
-    return f"{dt:%Y-%m-%d %H:%M:%S} ({time.time() - ts:.1f} s ago)"
-
-
-def _pauser(info: LockInfo) -> str:
-    pid = info.paused_by_pid
-    if not pid:
-        return "an unknown pid"
-    if pid in info.attached_pids:
-        return f"pid {pid} (attached)"
-    if info.paused_by_alive:
-        return f"pid {pid} (running, not attached)"
-    return f"pid {pid} (exited)"
-
-
-def format_status(info: LockInfo) -> str:
-    """The human-readable form of a LockInfo."""
-    dead = set(info.dead_pids)
-
-    def who(pid: int) -> str:
-        return f"pid {pid}{' (dead)' if pid in dead else ''}"
-
-    lines = [f"lock {info.name}"]
-    if info.paused:
-        lines.append(f"  paused        yes, by {_pauser(info)} since {_when(info.paused_at)}")
-    else:
-        lines.append("  paused        no")
-    if info.writer_pid or info.updater_pid:
-        kind = "write" if info.writer_pid else "update"
-        pid = info.writer_pid or info.updater_pid or 0
-        n = sum(info.readers.values())
-        state = ("held" if info.exclusive_granted else
-                 f"claimed, waiting for {n} reader{'' if n == 1 else 's'}" if n else
-                 "claimed, waiting for readers")
-        lines.append(f"  exclusive     {kind} by {who(pid)} ({state})")
-    else:
-        lines.append("  exclusive     none")
-    reads = ", ".join(f"{who(p)}: {n}" for p, n in sorted(info.readers.items())) or "none"
-    lines.append(f"  read holds    {reads}")
-    waits = ", ".join(f"pid {p}: {n}" for p, n in sorted(info.waiters.items())) or "none"
-    lines.append(f"  waiting       {waits}")
-    if info.queued_readers:
-        q = ", ".join(f"{who(p)}: {n}" for p, n in sorted(info.queued_readers.items()))
-        lines.append(f"  queued reads  {q}")
-    lines.append(f"  attached      {len(info.attached_pids)} of {info.max_processes} "
-                 f"process slots ({', '.join(map(str, info.attached_pids))})")
-    exiting = [p.pid for p in info.processes if p.exiting]
-    if exiting:
-        lines.append(f"  exiting       {', '.join(map(str, exiting))} (their keeper thread is "
-                     "gone, the process still runs: their holds stand until it is gone)")
-    if info.dead_pids:
-        lines.append(f"  died attached {', '.join(map(str, info.dead_pids))} (their holds "
-                     "count until an attached process reclaims them)")
-    if info.stale:
-        lines.append(f"  STALE         {stale_text(info)}")
-    lines.append(f"  epoch         {info.epoch}   pauses so far: {info.pause_count}")
-    if info.data_suspect:
-        lines.append("  DATA SUSPECT  an exclusive holder died mid-update; cleared by the "
-                     "next completed write/update")
-    if not info.crash_recovery:
-        lines.append("  CRASH RECOVERY off: this platform has no robust futexes (as under "
-                     "qemu-user); a process that dies holding the lock is never reclaimed")
-    if info.recoveries:
-        lines.append(f"  recoveries    {info.recovery_count} (latest shown)")
-        for r in info.recoveries:
-            lines.append(f"    pid {r.pid} died holding {', '.join(r.lost)}"
-                         f"{f' ({r.reads} reads)' if r.reads else ''} at {_when(r.when)}")
-    return "\n".join(lines)
-
-
-def stale_text(info: LockInfo) -> str:
-    """What a stale lock left behind and what the next opener does about it
-    (one definition for status, OPERATIONS and the metrics)."""
-    left, will = [], []
-    if "pause" in info.stale_left:
-        left.append(f"a pause by {_pauser(info)}")
-        if info.session is not None:
-            will.append("the pause stays: an update session pins it until its end or expiry")
-        elif info.lease_remaining is not None:
-            will.append("the pause stays: a host lease is armed (its cluster agent decides)")
-        else:
-            will.append("with stale='reset' (the default) it also clears the pause")
-    if "holds of dead processes" in info.stale_left:
-        pids = ", ".join(map(str, info.dead_pids)) or "?"
-        left.append(f"holds or claims of dead pid {pids}")
-    return (f"nobody is attached; left behind: {' and '.join(left)}. Dead processes' holds "
-            "are reclaimed by the first attached process that waits on them or looks "
-            "(info(), status of an attached tool)" + (f"; the next opener: {will[0]}"
-                                                         if will else ""))
 
 
 def list_locks() -> List[str]:
@@ -225,7 +168,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
         except FileNotFoundError:
             continue      # removed since the listing
         except (PyshmlockError, OSError) as e:
-            print(f"{name:40} (unreadable: {e})")
+            r = refusal_of(e) if isinstance(e, PermissionError) else None
+            why = unreadable_text(r) if r and r.uid >= 0 else f"unreadable: {cli_message(e)}"
+            print(f"{name:40} ({why})")
             continue
         ex = (f"write pid {i.writer_pid}" if i.writer_pid else
               f"update pid {i.updater_pid}" if i.updater_pid else "-")
@@ -236,13 +181,23 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    info = _inspect(args.name)
     fmt = "json" if args.json else args.format
+    if fmt == "prometheus":
+        # What a scrape reports (LockCollector): a lock that is there but
+        # cannot be read is `pyshmlock_lock_readable 0` with the error and
+        # its reason, and the textfile is still written (exit 0).
+        from .metrics import Unreadable, exposition
+        try:
+            looked: Union[LockInfo, Unreadable] = _inspect(args.name)
+        except PyshmlockError as e:
+            _print(cli_message(e))
+            looked = Unreadable(args.name, True, type(e).__name__,
+                                str(getattr(e, "reason", "") or ""))
+        sys.stdout.write(exposition([looked]))
+        return EXIT_OK
+    info = _inspect(args.name)
     if fmt == "json":
         print(json.dumps(info.to_dict(), indent=2, sort_keys=True))
-    elif fmt == "prometheus":
-        from .metrics import exposition
-        sys.stdout.write(exposition([info]))
     else:
         print(format_status(info))
     return EXIT_OK
@@ -282,18 +237,77 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    with _open(args.name).attached() as lk:
+    with _open(args).attached() as lk:
         changed = lk.pause()
     print(f"{args.name}: {'paused' if changed else 'was already paused'}")
     return EXIT_OK
 
 
+def _what_pins(lk: RWLock, name: str) -> str:
+    """Why a resume still waits: the update session or update hold that
+    pins the pause, whose process, and what the operator can do."""
+    info = lk.info()
+    if info.session is not None:
+        se = info.session
+        fix = (f"its process is gone: `pyshmlock resume --force {name}` ends it (the data is "
+               f"then marked suspect) and opens the gate; `pyshmlock session end {name}` "
+               "ends it alone" if not se.alive else
+               f"its process still runs: wait for its end, or end it anyway with "
+               f"`pyshmlock session end {name}` (the data is then marked suspect)")
+        return f"update session {session_text(info)}, pins the pause; {fix}"
+    if info.updater_pid:
+        state = "held" if info.exclusive_granted else "claimed, waiting for readers"
+        return (f"an update hold of pid {info.updater_pid} ({state}) pins the pause; "
+                "resuming cannot overtake it: check that process (see "
+                f"`pyshmlock status {name}`)")
+    return f"something pinned the pause (see `pyshmlock status {name}`)"
+
+
+def _end_orphaned_session(lk: RWLock) -> Optional[str]:
+    """resume --force: an update session whose process is gone is ended as
+    lost (the data marked suspect, which the forced resume then clears).
+    What was done, or None."""
+    se = lk.info().session
+    if se is None or se.alive:
+        return None
+    try:
+        lk.end_session(se.token, lost=True)
+    except SessionError:
+        return None                      # it ended (or expired) meanwhile
+    return f"ended update session {se.token} of pid {se.pid} (exited)"
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
-    with _open(args.name).attached() as lk:
+    with _open(args).attached() as lk:
+        done = _end_orphaned_session(lk) if args.force else None
+        if done:
+            print(f"{args.name}: {done}")
         if not lk.resume(args.timeout, force=args.force):
-            raise _Fail(f"{args.name}: still paused after {args.timeout} s: an update "
-                        "holds the pause (see `pyshmlock status`)", EXIT_TIMEOUT)
+            raise _Fail(f"{args.name}: still paused after {args.timeout:g} s: "
+                        f"{_what_pins(lk, args.name)}", EXIT_TIMEOUT)
     print(f"{args.name}: running")
+    return EXIT_OK
+
+
+def cmd_session_end(args: argparse.Namespace) -> int:
+    name = args.name
+    with _open(args).attached() as lk:
+        if args.token is not None:
+            lk.end_session(args.token)
+            print(f"{name}: update session {args.token} ended; the gate stays paused: "
+                  f"`pyshmlock resume {name}` opens it")
+            return EXIT_OK
+        info = lk.info()
+        se = info.session
+        if se is None:
+            raise _Fail(f"{name}: no update session pins the pause (see "
+                        f"`pyshmlock status {name}`)")
+        lk.end_session(se.token, lost=True)
+    running = (f"; its process (pid {se.pid}) still runs, and its own end will get "
+               "'no current update session'" if se.alive else "")
+    print(f"{name}: update session {se.token} of pid {se.pid} ended as lost{running}. The "
+          f"data is marked suspect and the gate stays paused: redo the update, or "
+          f"`pyshmlock resume --force {name}` once you vouch for the data")
     return EXIT_OK
 
 
@@ -306,7 +320,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     except UninitializedSegmentError:
         if not args.force:
             raise _Fail(f"lock {name!r} was never initialised (its creator died?); "
-                        f"`pyshmlock rm --force {name}` removes it") from None
+                        f"`{owner_prefix(name)}pyshmlock rm --force {name}` removes it") from None
         info = None
     except LayoutVersionError:
         # Another release's lock: unlink() removes it when none of its
@@ -318,13 +332,14 @@ def cmd_rm(args: argparse.Namespace) -> int:
         info = None
     others = [p for p in info.attached_pids if p != os.getpid()] if info else []
     pids = ", ".join(map(str, others))
+    who = owner_prefix(name)
     if others and not args.force:
         raise _Fail(f"lock {name!r}: {len(others)} live process(es) attached (pid {pids}); "
-                    f"`pyshmlock rm --force {name}` removes it anyway")
+                    f"`{who}pyshmlock rm --force {name}` removes it anyway")
     if info and others:
         what = []
         if info.paused:
-            what.append(f"paused by {_pauser(info)}")
+            what.append(f"paused by {pauser_text(info)}")
         if info.writer_pid or info.updater_pid:
             what.append(f"{'write' if info.writer_pid else 'update'}-held by pid "
                         f"{info.writer_pid or info.updater_pid}")
@@ -336,16 +351,29 @@ def cmd_rm(args: argparse.Namespace) -> int:
                    "keep the old one, while every new opener gets a fresh, unpaused, "
                    "unheld lock of that name.")
             if not args.confirm_split:
-                raise _Fail(msg + " Add --confirm-split to remove it anyway.")
+                raise _Fail(msg + f" `{who}pyshmlock rm --force --confirm-split {name}` "
+                            "removes it anyway.")
             print(f"pyshmlock: warning: {msg}", file=sys.stderr)
     try:
         unlink(name, force=args.force)
     except FileNotFoundError:
         raise _Fail(f"no lock named {name!r} on this host") from None
-    except LockInUseError as e:
-        raise _Fail(f"{e}; `pyshmlock rm --force {name}` removes it anyway") from None
     print(f"{name}: removed")
     return EXIT_OK
+
+
+def _output_file(text: str) -> str:
+    """argparse type: a file to write, in a directory that exists (a
+    benchmark run takes minutes: a path it cannot write is refused first,
+    and no directory is ever created)."""
+    where = os.path.dirname(os.path.abspath(text)) or "/"
+    if not os.path.isdir(where):
+        raise argparse.ArgumentTypeError(f"no such directory: {where}")
+    if not os.access(where, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write in {where}")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a directory")
+    return text
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -369,6 +397,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"pyshmlock demo: {e}; every child stopped", file=sys.stderr)
         return 128 + e.signum
     return EXIT_OK if ok else EXIT_ERROR
+
+
+def _mode(text: str) -> int:
+    """argparse type: a permission mode, octal (0660, 0o660)."""
+    try:
+        return check_mode(int(text, 8))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if text.strip("0o").isdigit() else
+                                         f"not an octal mode: {text!r}") from None
+
+
+def _group(text: str) -> Union[int, str]:
+    """argparse type: a group name, or a gid."""
+    group: Union[int, str] = int(text) if text.isdigit() else text
+    try:
+        check_group(group)
+    except (TypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return group
+
+
+def _opt_in(s: argparse.ArgumentParser) -> None:
+    """--group and --mode: RWLock(name, mode=..., group=...)'s trust opt-ins,
+    for a lock shared between users (DESIGN.md, "Trust model")."""
+    s.add_argument("--group", type=_group, default=None, metavar="GROUP",
+                   help="accept the lock of another user if its group is GROUP (a name or "
+                        "gid): the group opt-in of RWLock(name, group=GROUP); implies "
+                        "--mode 0660")
+    s.add_argument("--mode", type=_mode, default=0, metavar="MODE",
+                   help="accept a segment that grants group/other write up to MODE "
+                        "(octal, default 0600; 0660 with --group)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -402,15 +461,33 @@ def build_parser() -> argparse.ArgumentParser:
     s = command("pause", "close the gate (never blocks); the pause stays after this "
                          "command exits")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
+    _opt_in(s)
     s.set_defaults(fn=cmd_pause)
     s = command("resume", "open the gate once no update holds it")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
+    _opt_in(s)
     s.add_argument("--timeout", type=_seconds, default=10.0, metavar="S",
                    help="give up (exit 3) after S seconds; inf waits forever (default 10)")
     s.add_argument("--force", action="store_true",
                    help="resume although the data is marked suspect (clears the mark) or "
-                        "a cluster agent manages the lock")
+                        "a cluster agent manages the lock; an update session whose "
+                        "process is gone is ended first")
     s.set_defaults(fn=cmd_resume)
+    s = command("session", "update sessions: `session end NAME [TOKEN]`")
+    ss = s.add_subparsers(dest="session_command", required=True, metavar="ACTION",
+                          help="end: end the update session that pins the pause")
+    e = ss.add_parser("end", help="end the update session that pins the pause",
+                      description="End the update session that pins the pause. With its "
+                                  "TOKEN: its normal end (what end_session(token) does). "
+                                  "Without: ended as lost, as an expiry (for a session "
+                                  "whose process died): the data is marked suspect. The "
+                                  "gate stays paused either way (`pyshmlock resume`).",
+                      formatter_class=fmt, epilog=EXIT_CODES)
+    e.add_argument("name", type=_lock_name, help=NAME_HELP)
+    e.add_argument("token", type=_token, nargs="?", default=None,
+                   help="the session's token (`pyshmlock status NAME` shows it)")
+    _opt_in(e)
+    e.set_defaults(fn=cmd_session_end)
     s = command("rm", "remove a lock; processes still attached keep the old one")
     s.add_argument("name", type=_lock_name, help=NAME_HELP)
     s.add_argument("--force", action="store_true",
@@ -422,17 +499,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_rm)
     s = command("bench", "multi-process benchmarks next to the usual peers")
     s.add_argument("--quick", action="store_true", help="a run under a minute")
-    s.add_argument("--json", default="pyshmlock-bench.json", help="where to write results")
-    s.add_argument("--png", default=None, help="also draw a chart (needs matplotlib)")
+    s.add_argument("--json", type=_output_file, default="pyshmlock-bench.json",
+                   help="where to write results (its directory must exist)")
+    s.add_argument("--png", type=_output_file, default=None,
+                   help="also draw a chart (needs matplotlib; its directory must exist)")
     s.set_defaults(fn=cmd_bench)
     s = command("demo", "an SGLang-shaped multi-worker server, driven through "
                         "the pause/update races")
-    s.add_argument("--workers", type=int, default=4, help="tokenizer workers (default 4)")
+    s.add_argument("--workers", type=_demo_workers, default=4,
+                   help="tokenizer workers, 2 or more (default 4)")
     s.add_argument("--backend", choices=["shared", "local"], default="shared",
                    help="shared: pyshmlock; local: per-worker flags + broadcast (SGLang today)")
-    s.add_argument("--requests", type=int, default=16,
+    s.add_argument("--requests", type=_count, default=16,
                    help="concurrent requests sent while paused (default 16)")
-    s.add_argument("--cycles", type=int, default=1000,
+    s.add_argument("--cycles", type=_count, default=1000,
                    help="pause/continue cycles sent to random workers (default 1000)")
     s.add_argument("--keep-running", action="store_true",
                    help="leave the server up afterwards (for curl and the CLI)")
@@ -473,25 +553,87 @@ def require_extra(command: str) -> None:
                     f"{', '.join(missing)}): pip install 'pyshmlock[{extra}]'")
 
 
+def names_after_options(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """argv with every lock name that starts with '-' moved after a '--'.
+
+    argparse takes `-name` for an option; a lock name may start with '-'
+    (`[A-Za-z0-9._-]`).  So an argument of a command that is not one of
+    that command's options (nor an abbreviation of one, nor an option's
+    value) but is a valid lock name is moved to the end, after '--', where
+    argparse reads it as the positional it is.  Anything else (an unknown
+    option that is not a valid name) is left for argparse to refuse."""
+    if "--" in argv:
+        return argv
+    sub, i = parser, -1
+    while True:          # down to the command itself (`cluster status` is two levels)
+        subs = next((a.choices for a in sub._actions
+                     if isinstance(a, argparse._SubParsersAction)), None)
+        if not subs:
+            break
+        i = next((k for k in range(i + 1, len(argv)) if not argv[k].startswith("-")), -1)
+        if i < 0 or argv[i] not in subs:
+            return argv
+        sub = subs[argv[i]]
+    takes_value = {opt: a.nargs != 0 for a in sub._actions for opt in a.option_strings}
+    head, rest, names = argv[:i + 1], [], []
+    k = i + 1
+    while k < len(argv):
+        a = argv[k]
+        known = a.split("=", 1)[0]
+        matches = [o for o in takes_value if o == known or
+                   (known.startswith("--") and o.startswith(known))]
+        if a.startswith("-") and not matches and a != "-" and _is_name(a):
+            names.append(a)
+        else:
+            rest.append(a)
+            if len(matches) == 1 and "=" not in a and takes_value[matches[0]] \
+                    and k + 1 < len(argv):
+                k += 1
+                rest.append(argv[k])      # the option's value, whatever it looks like
+        k += 1
+    return head + rest + (["--", *names] if names else [])
+
+
+def _is_name(text: str) -> bool:
+    try:
+        check_name(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _print(text: str) -> None:
+    print(f"pyshmlock: {text}", file=sys.stderr)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of the `pyshmlock` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(names_after_options(parser, given))
     try:
         require_extra(args.command)
-        return int(args.fn(args))
+        code = int(args.fn(args))
+        sys.stdout.flush()            # here, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        # The reader stopped early (`pyshmlock status NAME | head -1`): say
+        # nothing, and keep the interpreter's last flush from failing too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
     except _Fail as e:
-        print(f"pyshmlock: {e}", file=sys.stderr)
+        _print(str(e))
         return e.code
     except PermissionError as e:
-        # The library's own message names the owner, the mode and what to do;
-        # a bare system refusal gets the path.
-        msg = e.strerror or str(e)
-        if e.filename and str(e.filename) not in msg:
-            msg = f"{msg}: {e.filename}"
-        print(f"pyshmlock: permission denied: {msg}", file=sys.stderr)
+        # Whose the lock is, its mode, and a command line that works; a
+        # refusal that is not about a lock's segment gets the path.
+        r = refusal_of(e)
+        _print(f"permission denied: {refusal_text(r, given) if r else cli_message(e)}")
         return EXIT_ERROR
     except (PyshmlockError, OSError, ValueError) as e:
-        print(f"pyshmlock: {e}", file=sys.stderr)
+        _print(cli_message(e))
         return EXIT_ERROR
 
 

@@ -9,7 +9,8 @@ import errno as _errno
 import grp
 import os
 import pwd
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple, TypeVar
 
 from ._args import segment_path
 from ._shmlock import ffi, lib
@@ -32,7 +33,10 @@ class LayoutVersionError(SegmentError):
 
 
 class CorruptSegmentError(SegmentError):
-    """The segment holds values no pyshmlock process writes."""
+    """The segment holds values no pyshmlock process writes.  ``reason``
+    says which, where known (``"slot 3 names pid 4167930979, ..."``)."""
+
+    reason: str = ""
 
 
 class SegmentSizeError(CorruptSegmentError):
@@ -103,8 +107,64 @@ class FencingError(PyshmlockError, RuntimeError):
     seen: a newer update superseded the caller, which must not write."""
 
 
-def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
-    """Build the exception for a negative C return code ``rc`` of call ``what``."""
+#: The attribute an exception carries its message for the `pyshmlock`
+#: command under: the same facts, with the fix as a command line instead of
+#: a Python call (:func:`cli_message` reads it).
+CLI_MESSAGE = "_pyshmlock_cli_message"
+
+E = TypeVar("E", bound=BaseException)
+
+
+def advised(e: E, cli: str) -> E:
+    """``e``, whose message for the `pyshmlock` command is ``cli``."""
+    setattr(e, CLI_MESSAGE, cli)
+    return e
+
+
+def cli_message(e: BaseException) -> str:
+    """What the `pyshmlock` command prints for ``e``: its CLI message, or
+    its own (an OSError's with the file it names)."""
+    text = getattr(e, CLI_MESSAGE, None)
+    if isinstance(text, str):
+        return text
+    if isinstance(e, OSError) and e.strerror:
+        msg = e.strerror
+        if e.filename and str(e.filename) not in msg:
+            msg = f"{msg}: {e.filename}"
+        return msg
+    return str(e)
+
+
+def _cmd(name: Optional[str]) -> str:
+    return name if name is not None else "NAME"
+
+
+def corruption_text(why: Any) -> str:
+    """What a validation found (a shl_corruption), in words; "" if nothing."""
+    if why is None or not why.what:
+        return ""
+    v, i = int(why.value), int(why.slot)
+    slot = f"slot {i}"
+    return {
+        lib.SHL_CORRUPT_SIZES: f"its header and slot sizes ({v >> 32}, {v & 0xFFFFFFFF}) are "
+                               "not this layout's",
+        lib.SHL_CORRUPT_MAX: f"its max_processes is {v}, not 1..{lib.SHL_MAX_PROCESSES_LIMIT}",
+        lib.SHL_CORRUPT_TOTAL: f"its total size field is {v}, not its layout's size",
+        lib.SHL_CORRUPT_OWNER: f"its state word names slot {v - 1}, beyond its slots",
+        lib.SHL_CORRUPT_MUTEX: f"{slot}'s mutex is not a pyshmlock mutex (glibc kind {v})",
+        lib.SHL_CORRUPT_PID: f"{slot} names pid {v}, above the kernel's limit "
+                             f"({lib.SHL_PID_LIMIT})",
+        lib.SHL_CORRUPT_READERS: f"{slot} counts {v} read holds, more than a process can have",
+        lib.SHL_CORRUPT_WAITING: f"{slot} counts {v} sleeping threads, more than a process "
+                                 "can have",
+        lib.SHL_CORRUPT_OWED: f"{slot} counts {v} queued readers, more than any process makes",
+    }.get(int(why.what), f"check {int(why.what)} failed at {slot}")
+
+
+def error_for(rc: int, what: str, name: Optional[str] = None,
+              corrupt: Any = None) -> BaseException:
+    """Build the exception for a negative C return code ``rc`` of call
+    ``what`` (``corrupt``: the shl_corruption of an SHL_ECORRUPT)."""
     where = f"lock {name!r}: " if name else ""
     if rc == lib.SHL_ENOHOLD:
         return NotHeldError(f"{where}{what}: this process holds no such hold")
@@ -116,24 +176,39 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             f"{where}all process slots are taken by live processes "
             "(max_processes is fixed by the lock's creator)")
     if rc == lib.SHL_EFOREIGN:
-        return ForeignSegmentError(
-            f"{where}the shared-memory segment under this name is not a pyshmlock lock")
+        seg = segment_path(name) if name else "/dev/shm/pyshmlock.NAME"
+        fact = (f"{where}the shared-memory segment under this name is not a pyshmlock lock "
+                f"(something else made {seg}); find out what did (`ls -l {seg}`), then "
+                "remove it")
+        return advised(ForeignSegmentError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                       f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_EVERSION:
         return LayoutVersionError(
             f"{where}the segment is a pyshmlock lock of another layout version; "
             "every process must use the same pyshmlock release")
     if rc == lib.SHL_ECORRUPT:
-        return CorruptSegmentError(f"{where}{what}: the shared segment is corrupt")
+        reason = corruption_text(corrupt)
+        fact = (f"{where}{what}: the shared segment is corrupt"
+                f"{f' ({reason})' if reason else ''}; stop the processes that use it, then "
+                "remove it")
+        e = advised(CorruptSegmentError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                    f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
+        e.reason = reason
+        return e
     if rc == lib.SHL_ESIZE:
-        return SegmentSizeError(f"{where}{what}: the segment's size is not the size "
-                                "its header describes")
+        fact = (f"{where}{what}: the segment's size is not the size its header describes; "
+                "stop the processes that use it, then remove it")
+        return advised(SegmentSizeError(f"{fact}: pyshmlock.unlink(name, force=True)"),
+                       f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_EPERM:
         return PermissionError(_errno.EPERM, f"{where}{what}: the segment is owned by "
                                "another user or grants more than the requested mode")
     if rc == lib.SHL_EINIT:
-        return UninitializedSegmentError(
-            f"{where}the segment was never initialised (its creator died while "
-            "creating it?); remove it with pyshmlock.unlink(name, force=True)")
+        fact = (f"{where}the segment was never initialised (its creator died while "
+                "creating it?); remove it")
+        return advised(UninitializedSegmentError(
+            f"{fact} with pyshmlock.unlink(name, force=True)"),
+            f"{fact}: `pyshmlock rm --force {_cmd(name)}`")
     if rc == lib.SHL_EBUSY:
         return LockInUseError(f"{where}{what}: the lock is in use")
     if rc == lib.SHL_EOVERFLOW:
@@ -145,19 +220,25 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
             f"{where}{what}: another thread or task of this process is inside a call "
             "on this lock or waiting for it (calls in flight); let them finish first")
     if rc == lib.SHL_ESUSPECT:
-        return DataSuspectError(
-            f"{where}{what} refused: the data is suspect (a process died holding the "
-            "write or update hold, or an update session expired; see info().recoveries). "
-            "Redo the update (a completed update clears the mark), or force it: "
-            f"resume(force=True), `pyshmlock resume --force {name or 'NAME'}`")
+        fact = (f"{where}{what} refused: the data is suspect (a process died holding the "
+                "write or update hold, or an update session expired or was ended by an "
+                "operator")
+        fix = "Redo the update (a completed update clears the mark), or force it: "
+        return advised(DataSuspectError(
+            f"{fact}; see info().recoveries). {fix}resume(force=True), "
+            f"`pyshmlock resume --force {_cmd(name)}`"),
+            f"{fact}; see `pyshmlock status {_cmd(name)}`). {fix}"
+            f"`pyshmlock resume --force {_cmd(name)}`")
     if rc == lib.SHL_EMANAGED:
-        return ManagedLockError(
-            f"{where}{what} refused: a cluster agent manages this lock (its host lease "
-            "is armed); resume the cluster instead (`pyshmlock cluster resume`), or "
-            "force it: resume(force=True)")
+        fact = (f"{where}{what} refused: a cluster agent manages this lock (its host lease "
+                "is armed); resume the cluster instead (`pyshmlock cluster resume`), or "
+                "force it: ")
+        return advised(ManagedLockError(f"{fact}resume(force=True)"),
+                       f"{fact}`pyshmlock resume --force {_cmd(name)}`")
     if rc == lib.SHL_ENOSESSION:
-        return SessionError(f"{where}{what}: no current update session has this token "
-                            "(it ended or expired; see info().recoveries)")
+        fact = f"{where}{what}: no current update session has this token (it ended or expired"
+        return advised(SessionError(f"{fact}; see info().recoveries)"),
+                       f"{fact}; see `pyshmlock status {_cmd(name)}`)")
     if rc == lib.SHL_ECLOSED:     # the one "closed" error, see RWLock._handle
         return ValueError(f"lock {name!r} is closed" if name else
                           f"{what}: the lock object is closed")
@@ -165,6 +246,9 @@ def error_for(rc: int, what: str, name: Optional[str] = None) -> BaseException:
         return ValueError(f"{where}{what}: invalid argument")
     if rc == lib.SHL_ESYS:
         err = ffi.errno or _errno.EIO
+        if name and err in (_errno.EACCES, _errno.EPERM):
+            return access_error(name, {"inspect": "look", "unlink": "remove"}.get(what, "open"),
+                                err)
         path = segment_path(name) if name else None
         return OSError(err, f"{what}: {os.strerror(err)}", path)
     return PyshmlockError(f"{where}{what}: unexpected return code {rc}")
@@ -186,7 +270,9 @@ def managed_error(e: BaseException, lock: Any) -> ManagedLockError:
         who += (", " if who else "") + (
             f"the agent of cluster {cluster!r} (host {setting.get('host_id')!r}); open it with "
             f"`pyshmlock cluster resume --etcd {urls} {cluster}`")
-    return ManagedLockError(f"{e} ({who})" if who else str(e))
+    out = ManagedLockError(f"{e} ({who})" if who else str(e))
+    cli = cli_message(e)
+    return advised(out, f"{cli} ({who})" if who else cli)
 
 
 def _user(uid: int) -> str:
@@ -203,30 +289,134 @@ def _group(gid: int) -> str:
         return f"gid {gid}"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a lock's segment is refused to this process, as facts a fix can be
+    made of (the `pyshmlock` command makes a command line of them).  A
+    PermissionError of pyshmlock carries one (:func:`refusal_of`)."""
+
+    name: str
+    path: str
+    uid: int                      # the segment's owner (-1: unknown)
+    gid: int
+    mode: int
+    #: what was refused: "look" (read), "open" (read and write), "remove"
+    need: str
+    #: owned by this process's effective uid
+    ours: bool
+    #: the group a group-writable segment is shared with (its opt-in), or None
+    shared_group: Optional[str] = None
+    #: the segment grants write to every user beyond the mode asked for
+    open_to_all: bool = False
+    #: the mode the caller asked (the trust check's), or None
+    asked_mode: Optional[int] = None
+
+
+#: The attribute a PermissionError carries its Refusal under.
+REFUSAL = "_pyshmlock_refusal"
+
+
+def refusal_of(e: BaseException) -> Optional[Refusal]:
+    """The Refusal a PermissionError of pyshmlock carries, or None."""
+    r = getattr(e, REFUSAL, None)
+    return r if isinstance(r, Refusal) else None
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _stat_facts(path: str) -> Tuple[int, int, int]:
+    """(owner uid, gid, mode) of the segment, or -1s if it cannot be seen."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1, -1
+    return st.st_uid, st.st_gid, st.st_mode & 0o7777
+
+
+def _facts(name: str, uid: int, gid: int, mode: int) -> str:
+    if uid < 0:
+        return f"lock {name!r}"
+    return f"lock {name!r} is owned by {_user(uid)}, group {_group(gid)}, mode {mode:04o}"
+
+
+_VERBS = {"look": "read (look at)", "open": "open (read and write)", "remove": "remove"}
+
+
+def access_error(name: str, need: str, err: int) -> PermissionError:
+    """The PermissionError for a segment the system refused this process
+    (EACCES, EPERM): who owns it, its mode, and how to get in."""
+    path = segment_path(name)
+    uid, gid, mode = _stat_facts(path)
+    ours = uid == os.geteuid()
+    shared = _group_name(gid) if uid >= 0 and mode & 0o060 == 0o060 else None
+    me = _user(os.geteuid())
+    if ours:
+        fix = f"its mode gives its owner no access: chmod u+rw {path}"
+    elif need == "look":
+        fix = ("look as its owner or root, or have it created with mode=0o644 (any user "
+               "may look then)")
+    elif need == "remove":
+        fix = "remove it as its owner, or as root"
+    else:
+        fix = "open it as its owner" + (
+            f", or as a member of its group {shared!r}, with RWLock(name, mode=0o660, "
+            f"group={shared!r})" if shared else "")
+    e = PermissionError(err, f"{_facts(name, uid, gid, mode)}, and this process ({me}) may "
+                             f"not {_VERBS.get(need, need)} it: {fix}", path)
+    setattr(e, REFUSAL, Refusal(name, path, uid, gid, mode, need, ours, shared))
+    return e
+
+
 def untrusted_error(name: str, info: Any, mode: Optional[int], gid: int,
                     unlinking: bool = False) -> PermissionError:
-    """The PermissionError for a segment this process refuses to trust."""
+    """The PermissionError for a segment this process refuses to trust
+    (docs/DESIGN.md, "Trust model"): its owner, group and mode, and the
+    opt-in that opens it, or whose it is."""
     path = segment_path(name)
     if info is None:   # unlink: describe the file as it is now
-        try:
-            st = os.stat(path)
-            uid, sgid, smode = st.st_uid, st.st_gid, st.st_mode & 0o7777
-        except OSError:
-            uid = sgid = smode = -1
+        uid, sgid, smode = _stat_facts(path)
     else:
         uid, sgid, smode = info.uid, info.gid, info.mode
-    what = (f"the existing segment is owned by {_user(uid)}, group {_group(sgid)}, "
-            f"mode {smode:04o}" if uid >= 0 else "the existing segment is not trusted")
+    ours = uid == os.geteuid()
+    facts = _facts(name, uid, sgid, smode)
+    me = _user(os.geteuid())
+    shared = _group_name(sgid) if uid >= 0 and smode & 0o020 else None
+    asked = mode if mode is not None else 0o600
+    open_to_all = bool(uid >= 0 and smode & 0o002 & ~asked)
     if unlinking:
-        rule = ("unlink() looks inside only segments owned by this user "
-                f"({_user(os.geteuid())}); force=True removes it without looking inside")
+        rule = ("unlink() looks inside only this user's locks: remove it as its owner "
+                "(or, as root, without looking: force=True)")
+        need = "remove"
+    elif ours and open_to_all:
+        rule = (f"it is this user's, but it lets every user write it, more than mode "
+                f"{asked:04o}: open it with RWLock(name, mode=0o{smode & 0o777:o}) if that "
+                "is meant, or remove it and let it be created again")
+        need = "open"
+    elif gid >= 0 and sgid != gid and smode & 0o020:
+        rule = (f"its group is {_group(sgid)}, not the group asked for ({_group(gid)}): "
+                f"open it with group={_group_name(sgid)!r}, or as its owner")
+        need = "open"
+    elif shared is not None and not ours:
+        rule = (f"it is shared with group {shared!r}: its members (and root) open it with "
+                f"RWLock(name, mode=0o{smode & 0o777:o}, group={shared!r}), or run as its "
+                f"owner (this process is {me})")
+        need = "open"
     else:
-        by = f" or by group {_group(gid)} (group=)" if gid >= 0 else ""
-        rule = (f"a lock is opened only if its segment is owned by this user "
-                f"({_user(os.geteuid())}){by} and grants group/other write no wider "
-                f"than mode {mode:04o}; another user may have planted it. "
-                "See 'Trust model' in docs/DESIGN.md")
-    return PermissionError(_errno.EPERM, f"lock {name!r}: {what}; {rule}", path)
+        rule = (f"a lock is opened only by its owner (or, with group=, members of its "
+                f"group), and this process is {me}: run as its owner. If no user but this "
+                "one should own it, another may have created it first to capture the lock: "
+                "remove it (as root) and start the servers again. See 'Trust model' in "
+                "docs/DESIGN.md")
+        need = "open"
+    e = PermissionError(_errno.EPERM, f"{facts}; {rule}", path)
+    setattr(e, REFUSAL, Refusal(name, path, uid, sgid, smode, need, ours, shared,
+                                open_to_all, mode))
+    return e
 
 
 #: Segment layout -> the releases that use it (CHANGELOG.md's table).
@@ -254,19 +444,29 @@ def layout_error(name: str, info: Any) -> LayoutVersionError:
                               f"create=True replaces it, as does `pyshmlock rm {name}`")
 
 
+def slots_refusal(name: str, has: int, asked: int) -> "TooManyProcessesError":
+    """An opener asked for more process slots than the lock it must keep has."""
+    return TooManyProcessesError(
+        f"lock {name!r} has max_processes={has} (fixed when it was created); this "
+        f"process asked for max_processes={asked}. A lock is re-created at the size "
+        "asked for only while no process has it open and it holds no pause, hold, "
+        "update session, lease, fence or data-suspect mark: see who uses it "
+        f"(`pyshmlock status {name}`), stop them, then `pyshmlock rm {name}` and "
+        "start again")
+
+
 def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
                max_processes: int = 0) -> BaseException:
     """The exception for shl_open's return code rc (info: its shl_open_info)."""
     if rc == lib.SHL_EVERSION:
         return layout_error(name, info)
+    if rc == lib.SHL_EFULL and info.max_processes and max_processes > info.max_processes:
+        return slots_refusal(name, info.max_processes, max_processes)
     if rc == lib.SHL_EFULL and info.max_processes:
-        asked = (f"; this process asked for max_processes={max_processes}, which only a "
-                 "new lock gets (remove it while no process uses it: `pyshmlock rm "
-                 f"{name}`)") if max_processes > info.max_processes else ""
         return TooManyProcessesError(
             f"lock {name!r}: all {info.max_processes} process slots are taken by live "
             f"processes (max_processes={info.max_processes}, fixed when the lock was "
-            f"created){asked}")
+            "created)")
     if rc == lib.SHL_ESYS and ffi.errno == _errno.ENOSPC:
         size = lib.shl_segment_size(max_processes) if max_processes else 0
         need = f" for its {size}-byte segment (max_processes={max_processes})" if size else ""
@@ -297,4 +497,4 @@ def open_error(rc: int, name: str, info: Any, mode: int, gid: int,
         return SegmentSizeError(
             f"lock {name!r}: the segment is {info.size} bytes, but its header describes "
             f"a {info.expected_size}-byte lock; something truncated or extended it")
-    return error_for(rc, "open", name)
+    return error_for(rc, "open", name, info.corrupt)

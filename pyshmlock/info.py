@@ -2,7 +2,7 @@
 function from what the C core reports, whether the looker is attached
 (``RWLock.info``) or only observes the segment read-only (:func:`inspect`)."""
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ._args import check_name
 from ._shmlock import ffi, lib
@@ -30,6 +30,10 @@ class SessionInfo:
     pid: int             # the process that began it (it may have exited since)
     began_at: float      # time.time() seconds
     expires_in: float    # seconds until it expires (<= 0: due now)
+    #: Whether the process that began it still runs (attached, or running in
+    #: this PID namespace).  Its exit ends nothing: only the session's end
+    #: or its expiry does (or an operator's `pyshmlock session end`).
+    alive: bool = True
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,9 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
     procs: List[AttachedProcess] = []
     slot = ffi.new("shl_slot_snapshot *")
     for i in range(snap.max_processes):
-        if read_slot(i, slot) != _OK:
-            continue
+        rc = read_slot(i, slot)
+        if rc != _OK:         # corrupted, or shrunk, since the look began
+            raise error_for(rc, "inspect" if observer else "info", name)
         if not (slot.alive if not observer else (slot.pid or slot.readers or slot.owed)):
             continue                                  # free (or, attached, dead)
         if slot.alive:
@@ -223,7 +228,7 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
         paused_by_alive=pauser_alive,
         stale=stale,
         stale_left=stale_left,
-        session=session_of(snap),
+        session=session_of(snap, live),
         session_expiries=snap.session_expiries,
         fence=snap.fence,
         applied_update=snap.applied,
@@ -233,13 +238,16 @@ def build_info(name: str, snap: Any, read_slot: _Reader, read_recovery: _Reader,
     )
 
 
-def session_of(snap: Any) -> Optional[SessionInfo]:
-    """The SessionInfo of a header snapshot (None: no session)."""
+def session_of(snap: Any, attached: Sequence[int] = ()) -> Optional[SessionInfo]:
+    """The SessionInfo of a header snapshot (None: no session); ``attached``:
+    the pids attached now (one of them began it: it runs)."""
     if not snap.session_token:
         return None
-    return SessionInfo(token=int(snap.session_token), pid=snap.session_pid,
-                       began_at=snap.session_began_ns / 1e9,
-                       expires_in=snap.session_remaining_ns / 1e9)
+    began = snap.session_began_ns / 1e9
+    pid = snap.session_pid
+    return SessionInfo(token=int(snap.session_token), pid=pid, began_at=began,
+                       expires_in=snap.session_remaining_ns / 1e9,
+                       alive=pid in attached or _pid_running(pid, began))
 
 
 def _recoveries(read_recovery: _Reader, count: int) -> List[Recovery]:
@@ -283,9 +291,10 @@ def inspect(name: str) -> LockInfo:
     """
     check_name(name)
     out = ffi.new("shl_observer **")
-    rc = lib.shl_observe_open(name.encode(), out)
+    why = ffi.new("shl_corruption *")
+    rc = lib.shl_observe_open(name.encode(), out, why)
     if rc != _OK:
-        raise error_for(rc, "inspect", name)
+        raise error_for(rc, "inspect", name, why)
     o = out[0]
     try:
         return _observed_info(o, name)

@@ -9,6 +9,7 @@ opening and the per-process registry in ``_attachment``, hold objects in
 ``holds``, snapshots in ``info``, stale segments in ``stale``.  Their public
 names are re-exported here, as before.
 """
+import warnings
 from typing import Any, ContextManager, NoReturn, Optional, Tuple, Union
 
 # C fast path: RWLock subclasses _fastpath.Lock, whose methods
@@ -18,6 +19,7 @@ from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, c
 from ._args import check_name as check_name
 from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
 from ._attachment import _detach as _detach
+from ._attachment import drop as _drop_attachment
 from ._fastpath import deadline_ns as deadline_ns
 from ._hostconf import fail_closed_for
 from ._shmlock import ffi, lib
@@ -25,6 +27,7 @@ from .errors import (
     FencingError,
     LockInUseError,
     ManagedLockError,
+    advised,
     error_for,
     managed_error,
     untrusted_error,
@@ -43,6 +46,7 @@ from .stale import STALE_POLICIES, _apply_stale_policy, check_stale
 
 __all__ = [
     "DEFAULT_SESSION_TTL",
+    "MAX_SESSION_TTL",
     "SHM_DIR",
     "SHM_PREFIX",
     "STALE_POLICIES",
@@ -64,6 +68,15 @@ _OK = lib.SHL_OK
 #: whose end never comes does not pin a server for the day.
 DEFAULT_SESSION_TTL = 600.0
 
+#: The process slots a lock gets when its creator does not give
+#: ``max_processes``.
+DEFAULT_MAX_PROCESSES = 256
+
+#: The longest lifetime of an update session, in seconds: 400 days (the C
+#: core's SHL_SESSION_TTL_MAX_S).  A session is a bounded pin: a longer ttl,
+#: or inf, is a ValueError.
+MAX_SESSION_TTL = float(lib.SHL_SESSION_TTL_MAX_S)
+
 
 def session_ttl_ns(ttl: Any) -> int:
     """A session ttl in seconds -> nanoseconds (TypeError/ValueError)."""
@@ -71,8 +84,10 @@ def session_ttl_ns(ttl: Any) -> int:
         raise TypeError(f"ttl must be a number of seconds, not {type(ttl).__name__}")
     if not ttl > 0 or ttl != ttl:
         raise ValueError(f"ttl must be > 0 seconds, not {ttl!r}")
-    if ttl >= (1 << 62) / 1e9:        # 146 years or more (inf too): never expires
-        return 1 << 62
+    if ttl > MAX_SESSION_TTL:
+        raise ValueError(f"ttl must be at most {MAX_SESSION_TTL:.0f} s (400 days), not "
+                         f"{ttl!r}: a session is a bounded pin (an update that takes longer "
+                         "ends its session and begins another)")
     return max(1, int(ttl * 1e9))
 
 
@@ -178,14 +193,19 @@ class RWLock(_fastpath.Lock):
     """A reader/writer lock with a pause gate, shared by every process that
     opens the same name.
 
-    ``RWLock(name, *, create=True, mode=0o600, max_processes=256, group=None,
+    ``RWLock(name, *, create=True, mode=0o600, max_processes=None, group=None,
     stale="reset")``
 
     ``name`` is 1-200 characters of ``[A-Za-z0-9._-]``; the lock lives in the
     POSIX shared-memory object ``/pyshmlock.<name>``.  With ``create=True``
     (the default) the first opener creates it with permissions ``mode``
     (default ``0o600``: owner read/write) and room for ``max_processes``
-    attached processes; later openers get the creator's values.
+    attached processes (None: 256); later openers get the creator's values.
+    An opener that gives ``max_processes`` and finds a lock of another size
+    that no process has open and that holds no pause, hold, update session,
+    host lease, fence or data-suspect mark re-creates it at that size (a
+    restart with more workers); one that stays and has fewer slots than
+    asked raises TooManyProcessesError at once, naming both values.
     ``create=False`` raises FileNotFoundError if it does not exist.
 
     Holds, as :class:`SyncHold` objects shaped like threading.Lock:
@@ -222,9 +242,10 @@ class RWLock(_fastpath.Lock):
 
     Holds belong to the process: any thread of the process that took a hold
     may release it, and a forked child holds nothing.  Every ``acquire_*``
-    takes ``timeout`` in seconds: None (or inf, or any very long time) waits
-    forever, 0 tries once; it returns False on timeout.  Waiting releases the
-    GIL and stays interruptible by Ctrl-C.
+    takes ``timeout`` in seconds (an int or a float): None (or inf, or any
+    timeout of 146 years or more) waits forever, 0 tries once; it returns
+    False on timeout.  Waiting releases the GIL and stays interruptible by
+    Ctrl-C.
     """
 
     #: ``with lock.reader_lock:`` holds a read for the block (waits forever).
@@ -235,7 +256,8 @@ class RWLock(_fastpath.Lock):
     update_lock: SyncHold
 
     def __init__(self, name: str, *, create: bool = True, mode: int = DEFAULT_MODE,
-                 max_processes: int = 256, group: Union[int, str, None] = None,
+                 max_processes: Optional[int] = None,
+                 group: Union[int, str, None] = None,
                  stale: str = "reset", allow_no_robust: bool = False) -> None:
         check_name(name)
         # A cluster host's lock (its host setting says so) is created paused.
@@ -243,12 +265,14 @@ class RWLock(_fastpath.Lock):
         gid = check_group(group)
         check_stale(stale)
         check_mode(mode)
-        check_max_processes(max_processes, lib.SHL_MAX_PROCESSES_LIMIT)
+        sized = max_processes is not None
+        slots = DEFAULT_MAX_PROCESSES if max_processes is None else max_processes
+        check_max_processes(slots, lib.SHL_MAX_PROCESSES_LIMIT)
         check_bool(create, "create")
         check_bool(allow_no_robust, "allow_no_robust")
         self.name = name
-        self._att: Optional[_Attachment] = _attach(name, bool(create), mode, max_processes,
-                                                   gid, fail_closed, allow_no_robust)
+        self._att: Optional[_Attachment] = _attach(name, bool(create), mode, slots,
+                                                   gid, fail_closed, allow_no_robust, sized)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))   # the C methods' handle
         if self._att.refs == 1:      # this process's first attachment to the segment
@@ -266,16 +290,20 @@ class RWLock(_fastpath.Lock):
             hold._keep_bound()
 
     @classmethod
-    def _operator(cls, name: str) -> "RWLock":
+    def _operator(cls, name: str, *, mode: int = DEFAULT_MODE,
+                  group: Union[int, str, None] = None) -> "RWLock":
         """An operator's view of the existing lock ``name`` (the ``pyshmlock``
         command's pause and resume): it takes no process slot, so it works on
         a lock whose ``max_processes`` slots are all taken, never appears
         among the attached processes, and never resets a stale pause.  pause,
-        resume, wait_resumed, info work; holds are refused (ValueError)."""
+        resume, wait_resumed, info work; holds are refused (ValueError).
+        ``mode`` and ``group`` are the trust opt-ins, as RWLock's."""
         check_name(name)
+        gid = check_group(group)
+        check_mode(mode)
         self = cls.__new__(cls)
         self.name = name
-        self._att = _attach_operator(name)
+        self._att = _attach_operator(name, mode, gid)
         self._h = self._att.handle
         self._fast_bind(_fastpath.address(self._h))
         self.reader_lock = SyncHold(self, lib.SHL_KIND_READ, None)
@@ -348,7 +376,8 @@ class RWLock(_fastpath.Lock):
         (which drains every reader unless the lock is paused), pauses the
         gate and pins the pause.  Until :meth:`end_session` (from any
         process) or the session's expiry after ``ttl`` seconds (default
-        DEFAULT_SESSION_TTL, 600 s), resume() waits, and update holds are
+        DEFAULT_SESSION_TTL, 600 s; at most MAX_SESSION_TTL, 400 days), resume()
+        waits, and update holds are
         granted at once (the gate is paused).  An expired session leaves the
         gate paused and the data marked suspect (resume() then refuses with
         DataSuspectError).  The process that began it may exit or die: that
@@ -366,11 +395,18 @@ class RWLock(_fastpath.Lock):
             if token is not None:
                 return int(token)
 
-    def end_session(self, token: int) -> None:
+    def end_session(self, token: int, *, lost: bool = False) -> None:
         """End the update session ``token`` (any process may).  The gate stays
         paused: resume() opens it.  SessionError if ``token`` is not the
-        current session (it ended, or expired: see info().recoveries)."""
-        rc = lib.shl_session_end(self._h, _token(token))
+        current session (it ended, or expired: see info().recoveries).
+
+        ``lost=True`` ends it as lost, as its expiry would (for an operator
+        whose session's process died, `pyshmlock session end NAME`): the
+        data is marked suspect, so resume() refuses until a completed update
+        or a forced resume."""
+        check_bool(lost, "lost")
+        call = lib.shl_session_abort if lost else lib.shl_session_end
+        rc = call(self._h, _token(token))
         if rc != _OK:
             raise error_for(rc, "end_session", self.name)
 
@@ -477,7 +513,8 @@ class RWLock(_fastpath.Lock):
         last RWLock of that segment closes; that raises LockInUseError if the
         process still holds the lock, or if another thread is inside a call
         on it or an asyncio task waits for it (the object stays open then).
-        Idempotent."""
+        Idempotent.  An object dropped without close() warns
+        (ResourceWarning) and gives its reference back (see __del__)."""
         att = self._att
         if att is None:
             return
@@ -493,6 +530,25 @@ class RWLock(_fastpath.Lock):
         """``with RWLock(name).attached() as lock:`` - the lock for the block,
         closed when it ends (like contextlib.closing)."""
         return _Attached(self)
+
+    def __del__(self) -> None:
+        """Dropped without close(): warn as an unclosed file does
+        (ResourceWarning), and give this object's reference to the process's
+        attachment back.  No lock is taken here (a collection may run in a
+        thread that holds one): the reference is queued, and the next open
+        or close of a lock in this process settles it (closing the
+        attachment if no object uses it and the process holds nothing)."""
+        att = getattr(self, "_att", None)     # None: closed, or never opened
+        if att is None:
+            return
+        self._att = None
+        try:
+            warnings.warn(f"unclosed lock {self.name!r}: call close() (or use "
+                          "`with RWLock(name).attached() as lock:`)", ResourceWarning,
+                          stacklevel=2, source=self)
+        except Exception:             # interpreter shutdown: nothing left to warn with
+            pass
+        _drop_attachment(att)
 
     def __enter__(self) -> NoReturn:
         """Refused with TypeError: ``with lock:`` would take no hold."""
@@ -539,7 +595,9 @@ def unlink(name: str, force: bool = False) -> None:
         who = ("processes whose segment (another release's layout) cannot be read"
                if attached[0] == 0xFFFFFFFF else
                f"{attached[0]} other live process(es) attached")
-        raise LockInUseError(f"lock {name!r}: {who}; pass force=True to remove it anyway")
+        raise advised(
+            LockInUseError(f"lock {name!r}: {who}; pass force=True to remove it anyway"),
+            f"lock {name!r}: {who}; `pyshmlock rm --force {name}` removes it anyway")
     if rc == lib.SHL_EPERM:
         raise untrusted_error(name, None, None, -1, unlinking=True)
     if rc != _OK:

@@ -41,6 +41,7 @@ from typing import (
     Union,
 )
 
+from ._args import check_name
 from .lock import LockInfo
 
 __all__ = ["CLUSTER_BUCKETS", "LOCK_METRICS", "METRICS", "ClusterCollector", "ClusterMetrics",
@@ -77,7 +78,8 @@ METRICS: Tuple[Metric, ...] = (
            _one(lambda i, now: 1)),
     Metric("pyshmlock_lock_readable", "gauge",
            "1 if the lock could be read (0: see the error label: foreign, corrupt, "
-           "other-layout or unreadable segment)", _one(lambda i, now: 1)),
+           "other-layout or unreadable segment; the reason label says what a corrupt one "
+           "holds)", _one(lambda i, now: 1)),
     Metric("pyshmlock_paused", "gauge", "1 while the pause gate is closed",
            _one(lambda i, now: i.paused)),
     Metric("pyshmlock_paused_seconds", "gauge",
@@ -127,11 +129,13 @@ class Sample(NamedTuple):
 
 
 class Unreadable(NamedTuple):
-    """A lock a scrape could not read: present (or not) and why."""
+    """A lock a scrape could not read: present (or not) and why (the error's
+    name, and for a corrupt segment what the validation found)."""
 
     name: str
     present: bool
     error: str
+    reason: str = ""
 
 
 Looked = Union[LockInfo, Unreadable]
@@ -149,11 +153,12 @@ def samples(infos: Iterable[Looked], now: Optional[float] = None) -> Iterator[Sa
                 if m.name == "pyshmlock_lock_present":
                     yield Sample(m, {"lock": info.name}, float(info.present))
                 elif m.name == "pyshmlock_lock_readable" and info.present:
-                    yield Sample(m, {"lock": info.name, "error": info.error}, 0.0)
+                    yield Sample(m, {"lock": info.name, "error": info.error,
+                                     "reason": info.reason}, 0.0)
                 continue
             for labels, value in m.value(info, now):
                 if m.name == "pyshmlock_lock_readable":
-                    labels = {**labels, "error": ""}
+                    labels = {**labels, "error": "", "reason": ""}
                 yield Sample(m, {"lock": info.name, **labels}, value)
 
 
@@ -165,7 +170,7 @@ def look(name: str, snapshot: Optional[Callable[[str], LockInfo]] = None) -> Loo
     except FileNotFoundError:
         return Unreadable(name, False, "FileNotFoundError")
     except Exception as e:       # a scrape must never fail: the sample says why
-        return Unreadable(name, True, type(e).__name__)
+        return Unreadable(name, True, type(e).__name__, str(getattr(e, "reason", "") or ""))
 
 
 def _escape(value: str) -> str:
@@ -200,11 +205,19 @@ class LockCollector:
     corrupt or other-layout segment, no permission) reports
     ``pyshmlock_lock_readable{error="..."} 0``; the other locks and the
     application's own metrics flow as usual.
+
+    ``names`` is an iterable of lock names, checked here, once: a ``str``
+    (which would watch one lock per character) or a non-str name is a
+    TypeError, an invalid name a ValueError, so that no scrape can fail
+    because of them.
     """
 
     def __init__(self, names: Iterable[str],
                  snapshot: Optional[Callable[[str], LockInfo]] = None) -> None:
-        self.names = list(names)
+        if isinstance(names, (str, bytes)):
+            raise TypeError(f"names is an iterable of lock names, not one "
+                            f"{type(names).__name__}: LockCollector([{names!r}])")
+        self.names = [check_name(n) for n in names]
         self._snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:

@@ -1,4 +1,6 @@
 """Bad input gets a clear error and changes nothing."""
+import decimal
+import fractions
 import mmap
 import os
 import struct
@@ -50,6 +52,15 @@ def test_invalid_options(lock_name, kw):
     assert not os.path.exists(seg_path(lock_name))
 
 
+@pytest.mark.parametrize("mode", [0o000, 0o400, 0o200, 0o030, 0o066, 0o466])
+def test_a_mode_that_would_lock_the_creator_out_is_refused(lock_name, mode):
+    """The creator's own next open needs owner read and write."""
+    for cls in (pyshmlock.RWLock, pyshmlock.AsyncRWLock):
+        with pytest.raises(ValueError, match="owner read and write"):
+            cls(lock_name, mode=mode)
+    assert not os.path.exists(seg_path(lock_name)), "a refused open created the lock"
+
+
 @pytest.mark.parametrize("kw", [{"max_processes": True}, {"max_processes": 2.5},
                                 {"max_processes": "8"}, {"mode": True}, {"mode": "rw"},
                                 {"mode": 0o600 * 1.0}, {"create": 1}, {"create": "yes"},
@@ -61,7 +72,8 @@ def test_options_of_the_wrong_type_are_type_errors(lock_name, kw):
     assert not os.path.exists(seg_path(lock_name)), "a refused open created the lock"
 
 
-@pytest.mark.parametrize("timeout", ["1", b"1", True, [1], object()])
+@pytest.mark.parametrize("timeout", ["1", b"1", True, [1], object(), fractions.Fraction(1, 2),
+                                     decimal.Decimal("0.5"), 1j])
 def test_a_timeout_of_the_wrong_type_is_a_type_error(lock, timeout):
     for call in (lock.acquire_read, lock.acquire_write, lock.acquire_update,
                  lock.resume, lock.wait_resumed, lock.wait_drained, lock.read,

@@ -47,6 +47,11 @@ def _rwlock_default(param):
     return _init_default(pyshmlock.RWLock, param)
 
 
+def _default_max_processes():
+    from pyshmlock.lock import DEFAULT_MAX_PROCESSES
+    return DEFAULT_MAX_PROCESSES
+
+
 def _cluster(name):
     import pyshmlock.cluster
     return getattr(pyshmlock.cluster, name)
@@ -72,8 +77,10 @@ FACTS = [
     ("docs/quickstart.md", r"Any timeout of (\d+) years or more", lambda: str(_forever_years())),
     ("docs/quickstart.md", r"RWLock\(name, \*, create=True, mode=0o(\d+),",
      lambda: f"{_rwlock_default('mode'):o}"),
-    ("docs/quickstart.md", r"RWLock\(name, .*?max_processes=(\d+),",
+    ("docs/quickstart.md", r"RWLock\(name, .*?max_processes=(\w+),",
      lambda: str(_rwlock_default("max_processes"))),
+    ("docs/quickstart.md", r"`max_processes` \(None: (\d+) for a new lock",
+     lambda: str(_default_max_processes())),
     ("docs/quickstart.md", r"RWLock\(name, .*?stale=\"(\w+)\"\)",
      lambda: _rwlock_default("stale")),
     ("docs/quickstart.md", r"name is 1-(\d+) chars",
@@ -84,6 +91,10 @@ FACTS = [
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
     ("docs/concepts.md", r"`pyshmlock\.DEFAULT_SESSION_TTL`, (\d+) s",
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
+    ("docs/concepts.md", r"`pyshmlock\.MAX_SESSION_TTL`, (\d+) days",
+     lambda: _num(__import__("pyshmlock").MAX_SESSION_TTL / 86400)),
+    ("docs/OPERATIONS.md", r"at most (\d+) days \(`pyshmlock\.MAX_SESSION_TTL`",
+     lambda: _num(__import__("pyshmlock").MAX_SESSION_TTL / 86400)),
     ("docs/asyncio.md", r"begin_session\(ttl=(\d+)",
      lambda: _num(__import__("pyshmlock").DEFAULT_SESSION_TTL)),
     ("docs/concepts.md", r"one keeper thread\nper ([\d,]+) locks",
@@ -231,7 +242,8 @@ def _verify_run():
 
 
 NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine",
-                "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen"]
+                "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen",
+                "seventeen", "eighteen", "nineteen", "twenty"]
 
 
 def test_documented_quick_model_check_is_what_verify_quick_runs():

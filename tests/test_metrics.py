@@ -166,3 +166,24 @@ def test_the_documented_alert_rules_pass_promtool():
     p = subprocess.run(["promtool", "test", "rules", "alerts_test.yml"], cwd=RULES,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("names,error", [
+    ("model-weights", TypeError),          # a str would watch one lock per character
+    (b"model-weights", TypeError),
+    ([123], TypeError),                    # would make every scrape raise
+    ([None], TypeError),
+    (["bad/name"], ValueError),            # would report a lock that cannot exist as present
+    ([""], ValueError),
+    (["x" * 201], ValueError),
+    (42, TypeError),                       # not iterable
+])
+def test_a_collector_refuses_bad_names_when_it_is_made(names, error):
+    with pytest.raises(error):
+        LockCollector(names)
+
+
+def test_a_collector_takes_any_iterable_of_valid_names(lock):
+    c = LockCollector(n for n in [lock.name])
+    assert c.names == [lock.name]
+    assert LockCollector(()).names == []

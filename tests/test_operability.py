@@ -297,7 +297,7 @@ import os, sys
 from pyshmlock._shmlock import ffi, lib
 name, to = sys.argv[1], int(sys.argv[2])
 out = ffi.new("shl_observer **")
-assert lib.shl_observe_open(name.encode(), out) == lib.SHL_OK
+assert lib.shl_observe_open(name.encode(), out, ffi.NULL) == lib.SHL_OK
 o = out[0]
 # The segment's owner shrinks it while the observer has it open.
 os.truncate("/dev/shm/pyshmlock." + name, to)

@@ -380,15 +380,20 @@ def test_would_deadlock_names_only_the_thread_that_holds(lock):
 # ------------------------------------------- 7. max_processes and unlink
 
 def open_and_report(q, name, max_processes):
-    lk = pyshmlock.RWLock(name, max_processes=max_processes)
+    try:
+        lk = pyshmlock.RWLock(name, max_processes=max_processes)
+    except pyshmlock.TooManyProcessesError:
+        q.put("refused")
+        return
     q.put(lk.info().max_processes)
     lk.close()
 
 
-def test_max_processes_is_fixed_by_the_creator(lock_name, children):
+def test_max_processes_is_fixed_by_the_creator_while_it_is_in_use(lock_name, children):
     lk = pyshmlock.RWLock(lock_name, max_processes=5)
-    c = children(open_and_report, lock_name, 100)
-    assert c.get() == 5
+    assert children(open_and_report, lock_name, None).get() == 5     # asks nothing
+    assert children(open_and_report, lock_name, 3).get() == 5        # has room
+    assert children(open_and_report, lock_name, 100).get() == "refused"
     lk.close()
 
 

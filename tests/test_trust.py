@@ -77,10 +77,12 @@ def test_mode_is_honoured_on_create_and_checked_on_open(lock_name):
     with pytest.raises(PermissionError) as e:
         pyshmlock.RWLock(lock_name, mode=0o640)
     assert "0646" in str(e.value)
-    os.chmod(path_of(lock_name), 0o660)        # group write beyond the default 0o600
-    with pytest.raises(PermissionError):
-        pyshmlock.RWLock(lock_name)
+    os.chmod(path_of(lock_name), 0o660)        # group write beyond the default 0o600:
+    pyshmlock.RWLock(lock_name).close()        # the owner's own grant (group=): accepted
     pyshmlock.RWLock(lock_name, mode=0o660).close()   # asked for: accepted
+    os.chmod(path_of(lock_name), 0o662)        # other write beyond what was asked
+    with pytest.raises(PermissionError):
+        pyshmlock.RWLock(lock_name, mode=0o660)
     os.chmod(path_of(lock_name), 0o644)        # read beyond mode is not a write hole
     pyshmlock.RWLock(lock_name).close()
 

@@ -5,7 +5,9 @@
  * must open it (and then survive info, slot scans, try-acquires, a stale
  * reset and close) or refuse it with an error code.  The read-only observer
  * (shl_observe_*) gets the same bytes first, before an opener changes them,
- * and again after the file shrinks under it.  Built with AddressSanitizer and UBSan
+ * and again after the file shrinks under it; both must give one verdict on
+ * the bytes (validate.c): what one finds corrupt, the other finds corrupt,
+ * in the same check, slot and value.  Built with AddressSanitizer and UBSan
  * (`make fuzz`), so any read or write outside the mapping, or any undefined
  * behaviour, is a crash the fuzzer reports.
  */
@@ -61,7 +63,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(fd);
 
     shl_observer *o = NULL;
-    int ro = shl_observe_open(name, &o);
+    shl_corruption seen;
+    memset(&seen, 0, sizeof seen);
+    int ro = shl_observe_open(name, &o, &seen);
+    if ((ro == SHL_ECORRUPT) != (seen.what != 0))
+        abort();   /* a corrupt verdict always says what was found */
     if (ro == SHL_OK) {
         observe_all(o);
         /* The owner shrinks the file under the observer: what is gone must
@@ -83,7 +89,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     shl_lock *h = NULL;
     shl_open_info info;
+    memset(&info, 0, sizeof info);
     int r = shl_open(name, 0, 0600, -1, 0, &h, &info);
+    /* One verdict, whoever looks: what the observer's validation found is
+     * what the opener's finds (and the opener then refuses the segment). */
+    if (seen.what != 0 && (r != SHL_ECORRUPT || info.corrupt.what != seen.what ||
+                           info.corrupt.slot != seen.slot || info.corrupt.value != seen.value))
+        abort();
+    if (info.corrupt.what != 0 && (ro != SHL_ECORRUPT || r != SHL_ECORRUPT))
+        abort();
     if (r == SHL_OK) {
         /* Opened: the file is exactly the size its header describes (a
          * shorter one faults past its end; grown ones used to be opened). */

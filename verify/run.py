@@ -124,12 +124,19 @@ CONFIGS = [
     Config("session, pause+resume; a session may expire", sessions(S, P)),
     Config("two sessions; either may expire", sessions(S, S)),
     Config("session, pause+resume; the session's process may die", sessions(S, P, victim=0)),
+    # the expirer is an operator's handle (no slot): it may die at any step
+    # after taking the ending, and an attached process adopts what it left
+    Config("session, pause+resume; an operator ends it and may die",
+           sessions(S, P) + ("OP_ENDER",)),
     Config("pause+resume, update; the updater may die", pair(P, U, victim=1)),
     Config("pause+resume, write; the writer may die", pair(P, W, victim=1)),
     Config("session, pause+resume; the session's keeper may die first",
            sessions(S, P, victim=0) + ("ZOMBIE",), quick=False),
     Config("session, an update call of another process that may die",
            sessions(S, U, victim=1), quick=False),
+    # the operator's death is a rendezvous in an `unless` escape, as a kill
+    Config("session, pause+resume; operator may die, no reduction",
+           sessions(S, P) + ("OP_ENDER",), reduce=False, quick=False),
     Config("session, read, pause+resume", sessions(S, R, P), quick=False),
     # A 2-bit epoch: the two sessions' four claims wrap it back between the
     # resumer's look and its CAS; the suspect mark in the state word makes
@@ -245,6 +252,18 @@ MUTANTS: Dict[str, Mutant] = {
     "RECOVERY_KEEPS_ENDING": Mutant(sessions(S, P, victim=0),
                                     "a process that dies after taking a session's end and "
                                     "before the unpin leaves the pause pinned for ever"),
+    "ADOPT_IGNORES_LIVENESS": Mutant(sessions(S, P) + ("OP_ENDER",),
+                                     "an attached process takes over an operator's session "
+                                     "ending without asking whether the operator lives: both "
+                                     "unpin, the second clearing a pin it does not own"),
+    "ADOPT_NO_WAKE": Mutant(sessions(S, P) + ("OP_ENDER",),
+                            "the adopter of a dead operator's ending does not wake the "
+                            "sleepers: an operator that died between its unpin and its "
+                            "wake-up leaves a resume asleep for ever (lost wake-up)"),
+    "OP_ENDING_NEVER_ADOPTED": Mutant(sessions(S, P) + ("OP_ENDER",),
+                                      "nobody finishes the session ending of an operator "
+                                      "that died after taking it: the pause stays pinned "
+                                      "for ever (deadlock)"),
     "RESUME_IGNORES_SUSPECT": Mutant(pair(P, U, victim=1),
                                      "resume opens the gate after an updater died "
                                      "mid-update (half-swapped data)"),

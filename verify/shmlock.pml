@@ -28,6 +28,12 @@
  * begin_weight_update / update / end / continue), and an expirer may end a
  * session as expired at any moment (its TTL can be anything).
  *
+ * With -DOP_ENDER (and SESSIONS) that expirer is an operator's handle
+ * (`pyshmlock resume`, `pyshmlock session end`), which owns no slot: its
+ * ending names its liveness byte instead, and it may die at any step after
+ * taking the ending; an attached process (the adopter: a watchdog or a
+ * waiter) then finishes what it left, once that byte is free.
+ *
  * Mutants (-DMUTANT_...) inject one protocol bug each; tests/test_verify.py
  * checks that SPIN finds every one of them.
  */
@@ -256,6 +262,10 @@ inline wake_drainers() {
 #define ENDING_BY(k) (32 + (k))
 #define EXPIRING_BY(k) (64 + (k))
 #define IS_SESSION_TOKEN(t) ((t) > 0 && (t) < 32)
+/* An operator's expiry (OP_ENDER): the ending word names the operator's
+ * liveness byte and a nonce, never a slot; one per run here, so one value. */
+#define OP_EXPIRING 96
+#define IS_OP_ENDING(t) ((t) == OP_EXPIRING)
 #define UNPIN_MARK   1
 #define UNPIN_KEEP   2
 #define UNPIN_UNMARK 3
@@ -1238,15 +1248,31 @@ end_operator:
 }
 
 #ifdef SESSIONS
+#ifdef OP_ENDER
+/* The operator's liveness byte (an OFD write lock, liveness.c): held from
+ * before its ending is taken until after its unpin (or its death). */
+bool op_alive = 1;
+bool op_claimed;            /* it has taken an ending (its death matters from here) */
+chan opkill = [0] of { bit };
+#define ME_ENDS OP_EXPIRING
+#else
+#define ME_ENDS EXPIRING_BY(NP)
+#endif
 /* A session's TTL may pass at any moment: the expirer (session_expire, run
- * by any attached process's watchdog or a waiter) may end the session that
- * pins the pause, once: take the ending, mark the data suspect, unpin. */
+ * by any attached process's watchdog or a waiter, or by an operator's
+ * handle: OP_ENDER) may end the session that pins the pause, once: take the
+ * ending, mark the data suspect, unpin. */
 active proctype expirer() {
     byte i, um;
     int us;
     bool cleared;
     byte t;
     bool pinned_now, cas_ok;
+#ifdef OP_ENDER
+    /* the operator dies (SIGKILL, its byte freed by the kernel) at any step
+     * once it has taken an ending, or never */
+    {
+#endif
 end_expirer:
     do
     /* [model:SESSION_EXPIRE_LOOK] PINNED seen set (the C loads the token
@@ -1258,7 +1284,10 @@ end_expirer:
        if
        :: IS_SESSION_TOKEN(t) ->
            atomic {   /* [model:SESSION_CLAIM_EXPIRE] the token CAS */
-               if :: sess_token == t -> sess_token = EXPIRING_BY(NP); cas_ok = 1
+               if :: sess_token == t -> sess_token = ME_ENDS; cas_ok = 1
+#ifdef OP_ENDER
+                     ; op_claimed = 1
+#endif
                   :: else -> cas_ok = 0 fi
            }
            if
@@ -1273,7 +1302,7 @@ end_expirer:
 #endif
                if
                :: !pinned_now ->
-                   atomic { if :: sess_token == EXPIRING_BY(NP) -> sess_token = t :: else fi };
+                   atomic { if :: sess_token == ME_ENDS -> sess_token = t :: else fi };
                    cas_ok = 0; t = 0
                :: else ->
                    atomic { marks++ };  /* [model:SESSION_MARK] counted, then marked by the unpin */
@@ -1284,6 +1313,9 @@ end_expirer:
                    unpin(UNPIN_KEEP);
                    atomic { st = st | SUSPECT };     /* the bug: marked after the unpin */
 #endif
+#ifdef OP_ENDER
+                   atomic { op_alive = 0; op_claimed = 0 };   /* done: its byte is released */
+#endif
                    break                             /* one expiry per run */
                fi
            :: else -> t = 0
@@ -1291,7 +1323,81 @@ end_expirer:
        :: else -> t = 0
        fi
     od
+#ifdef OP_ENDER
+    } unless { atomic { opkill?_ -> op_alive = 0 } };
+#endif
+end_expirer_done:
+    skip
 }
+
+#ifdef OP_ENDER
+/* Kills the operator once, at any step after it took an ending, or never. */
+active proctype op_reaper() {
+end_op_reaper:
+    if
+    :: atomic { op_claimed && op_alive -> opkill!1 }
+    :: skip
+    fi
+}
+
+/* An attached process (session_expire in its watchdog, or in a waiter of
+ * resume) finds an operator's ending in the token word.  Once that
+ * operator's liveness byte is free (it died, or finished and let go), it
+ * takes the ending over: a CAS from the exact word it loaded (ending words
+ * are unique: a later operator's ending is never mistaken for this one).
+ * If the pause was still pinned when it looked (after the token), that pin
+ * is the one the operator owed to clear: it finishes the end (the mark, the
+ * unpin).  Either way it then wakes every sleeper of the state word: the
+ * operator may have died between its unpin and the wake-up it owed.  It
+ * waits (blocks) while there is nothing to adopt. */
+active proctype adopter() {
+    byte i, um, t;
+    int us;
+    bool cleared, gone, pinned_now, cas_ok;
+end_adopter:
+#if defined(MUTANT_OP_ENDING_NEVER_ADOPTED)
+    false;                                          /* the bug: nobody adopts */
+#elif !defined(MUTANT_ADOPT_IGNORES_LIVENESS)
+    atomic { IS_OP_ENDING(sess_token) && !op_alive -> skip };
+#else
+    atomic { IS_OP_ENDING(sess_token) -> skip };
+#endif
+    atomic { t = sess_token };                      /* [model:SESSION_ADOPT_TOKEN] */
+#ifndef MUTANT_ADOPT_IGNORES_LIVENESS
+    atomic { gone = !op_alive };                    /* [model:SESSION_ADOPT_GONE] */
+#else
+    gone = 1;                                       /* the bug: never asks */
+#endif
+    atomic { pinned_now = (st & PINNED) != 0 };     /* [model:SESSION_ADOPT_PINNED] */
+    if
+    :: IS_OP_ENDING(t) && gone ->
+        atomic {   /* [model:SESSION_ADOPT_CLAIM] */
+            if :: sess_token == t -> sess_token = EXPIRING_BY(NP + 1); cas_ok = 1
+               :: else -> cas_ok = 0 fi
+        }
+        if
+        :: cas_ok && pinned_now ->
+            atomic { marks++ };                     /* an expiry: counted, then marked */
+            atomic { g_half = 1; g_half_seq++ };
+            unpin(UNPIN_MARK)
+        :: else
+        fi;
+#ifndef MUTANT_ADOPT_NO_WAKE
+        if
+        :: cas_ok ->   /* [model:SESSION_ADOPT_WAKE] bits or not */
+            atomic { st = st & ~SLEEPERS };
+            atomic { wake_state() }
+        :: else
+        fi
+#else
+        skip   /* the bug: the wake-up a dead operator owed is never made */
+#endif
+    :: else
+    fi;
+end_adopter_done:
+    skip
+}
+#endif
 #endif
 
 init {

@@ -60,7 +60,7 @@ static int try_once(shl_lock *h, int kind, uint32_t flags)
 static void observe(void)
 {
     shl_observer *o;
-    if (shl_observe_open(g_name, &o) != SHL_OK)
+    if (shl_observe_open(g_name, &o, NULL) != SHL_OK)
         return;
     shl_snapshot snap;
     shl_slot_snapshot slot;

@@ -256,7 +256,10 @@ static void own_liveness_fd(shl_lock *h)
         path[at++] = digits[--n];
     path[at] = 0;
     int fresh = open(path, O_RDWR | O_CLOEXEC);
-    if (fresh < 0 || dup3(fresh, h->lockfd, O_CLOEXEC) < 0) {
+    /* The child's handle is one more handle of the segment (liveness.c,
+     * "the segment's handles"): its parent's still holds the read lock, so
+     * this one is never refused unless the parent closed it meanwhile. */
+    if (fresh < 0 || liveness_share_now(fresh) != 0 || dup3(fresh, h->lockfd, O_CLOEXEC) < 0) {
         close(h->lockfd);
         h->lockfd = -1;
     }
@@ -311,6 +314,10 @@ void handles_after_fork(void)
             uint64_t v = atomic_load_explicit(&c[i].inflight, memory_order_relaxed) &
                          ~(uint64_t)(H_COUNT | H_CLOSING);
             atomic_store_explicit(&c[i].inflight, v, memory_order_relaxed);
+            /* relaxed (one thread here): the parent's threads that held
+             * operator bytes do not exist in the child, whose handles get
+             * descriptions of their own (own_liveness_fd) holding none */
+            atomic_store_explicit(&c[i].op_bytes, 0, memory_order_relaxed);
             if (H_GEN(v) != 0 && !(v & H_CLOSED)) {
                 own_liveness_fd(&c[i]);
                 ring_insert(&c[i]);

@@ -226,7 +226,29 @@ static int observe_read(const shl_observer *o, void *buf, size_t len, size_t off
     return SHL_OK;
 }
 
-int shl_observe_open(const char *name, shl_observer **out)
+/* Validate the observed segment's slots, as an opener does (validate_slots),
+ * from copies read a chunk at a time. */
+static int observe_validate_slots(const shl_observer *o, shl_corruption *why)
+{
+    enum { CHUNK = 64 };
+    struct shl_slot *buf = malloc(CHUNK * sizeof *buf);
+    if (buf == NULL) {
+        errno = ENOMEM;
+        return SHL_ESYS;
+    }
+    int r = SHL_OK;
+    for (uint32_t i = 0; r == SHL_OK && i < o->max; i += CHUNK) {
+        uint32_t n = o->max - i < CHUNK ? o->max - i : CHUNK;
+        r = observe_read(o, buf, n * sizeof *buf,
+                         sizeof(struct shl_header) + (size_t)i * sizeof *buf);
+        if (r == SHL_OK)
+            r = validate_slots(buf, i, n, why);
+    }
+    free(buf);
+    return r;
+}
+
+int shl_observe_open(const char *name, shl_observer **out, shl_corruption *why)
 {
     char path[SHL_PATH_MAX];
     *out = NULL;
@@ -265,7 +287,9 @@ int shl_observe_open(const char *name, shl_observer **out)
         atomic_thread_fence(memory_order_acquire);
         r = observe_read(&probe, &hd, sizeof hd, 0);
         if (r == SHL_OK)
-            r = validate_header(&hd, (size_t)st.st_size, &probe.max);
+            r = validate_header(&hd, (size_t)st.st_size, &probe.max, why);
+        if (r == SHL_OK)
+            r = observe_validate_slots(&probe, why);
     }
     shl_observer *o = r == SHL_OK ? malloc(sizeof *o) : NULL;
     if (r == SHL_OK && !o) {
@@ -350,6 +374,8 @@ int shl_observe_slot(shl_observer *o, uint32_t index, shl_slot_snapshot *out)
     struct shl_slot sl;
     int r = observe_read(o, &sl, sizeof sl,
                          sizeof(struct shl_header) + (size_t)index * sizeof sl);
+    if (r == SHL_OK)
+        r = validate_slots(&sl, index, 1, NULL);   /* corrupted since the open */
     if (r != SHL_OK)
         return r;
     read_slot(&sl, out);

@@ -27,6 +27,9 @@
  *   stale.c     resetting a pause left by processes that are all gone.
  *   segment.c   opening, validating, closing and removing a segment: the
  *               boundary where shared memory is untrusted input.
+ *   validate.c  the checks of an existing segment's header and slots, for
+ *               openers and observers alike.
+ *   recreate.c  an unused segment re-created at the size an opener asks.
  *   lease.c     the host lease and its watchdog thread (cluster agent).
  *   info.c      introspection: snapshots of an attached lock, and
  *               observers that read copies of a segment.
@@ -227,6 +230,9 @@ struct shl_lock {
     _Atomic uint32_t excl_marks;    /* the flags word's mark count before our claim,
                                        or EXCL_IN_SESSION (claimed while PINNED) */
     int32_t no_slot;                /* SHL_OPEN_NO_SLOT: an operator's handle */
+    /* An operator's handle: the liveness bytes its threads hold while they
+     * end a session (liveness.c); relaxed, process-private. */
+    _Atomic uint64_t op_bytes;
     _Atomic unsigned long excl_thread;  /* this_thread() of the thread that got it */
     uint64_t dev, ino;              /* the segment: with self, names our attachment */
     /* The handle's generation (high 32 bits: a token names exactly one),
@@ -456,6 +462,7 @@ void record_recovery(shl_lock *h, uint32_t pid, uint32_t what, uint32_t reads, u
 int slot_is_clean(const struct shl_slot *sl);
 void init_slot_mutex(pthread_mutex_t *m);
 int slot_mutex_sane(const pthread_mutex_t *m);
+int slot_mutex_kind(const pthread_mutex_t *m);   /* glibc's kind field (0 elsewhere) */
 enum { PROBE_DEAD = 0, PROBE_ALIVE = 1, PROBE_EXITING = 2 };
 int probe_slot(shl_lock *h, uint32_t i);  /* PROBE_*: nonzero counts as alive */
 void recover_slot(shl_lock *h, uint32_t i);
@@ -464,6 +471,13 @@ void recover_slot(shl_lock *h, uint32_t i);
 int liveness_gone(int fd, const struct shl_slot *sl, uint32_t i);
 int liveness_take(int fd, uint32_t slot);
 void liveness_drop(int fd, uint32_t slot);
+int liveness_take_operator(shl_lock *h);
+void liveness_drop_operator(shl_lock *h, int k);
+int liveness_operator_held(int fd, uint32_t k);
+int liveness_share(int fd);          /* the handles' byte: segment.c, re-creating */
+int liveness_share_now(int fd);
+int liveness_share_alone(int fd);
+void liveness_share_again(int fd);
 uint64_t liveness_pidns(void);
 uint64_t liveness_timens(void);
 uint64_t liveness_start_ticks(void);
@@ -498,11 +512,26 @@ uint32_t arm_sleepers(shl_lock *h, uint32_t val, int *changed);
 /* layouts.c: segments of other layout versions. */
 int other_layout_users(int fd, size_t size, uint32_t *layout, uint32_t *pid);
 
-/* segment.c: header validation, shared with the observers (info.c), which
- * validate a pread() copy of the header: they never map the segment. */
+/* segment.c: the layout's size and the name rule; validate.c: the checks of
+ * a segment, shared with the observers (info.c), which validate pread()
+ * copies: they never map the segment. */
 size_t layout_size(uint32_t max);
 int valid_name(const char *name);
-int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max);
+int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max,
+                    shl_corruption *why);
+int validate_slots(const struct shl_slot *slots, uint32_t first, uint32_t n,
+                   shl_corruption *why);
+
+/* recreate.c: an unused segment re-created at the size asked for; what of
+ * segment.c it uses.  OPEN_AGAIN: the name names another segment now, open
+ * again (never returned by shl_open). */
+enum { OPEN_AGAIN = 1 };
+struct stat;
+int names_segment(const char *name, const struct stat *st);
+int recreate_unused(struct shl_header *hd, uint32_t max, int lfd, const struct stat *st,
+                    const char *name);
+uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev, uint64_t ino);
+int unlink_exactly(const char *name, const struct stat *probed);
 
 /* lease.c: the lease watchdog thread. */
 int lease_check(shl_lock *h);

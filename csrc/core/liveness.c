@@ -42,16 +42,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #define PF_EXITING_FLAG 0x00000004u   /* include/linux/sched.h PF_EXITING */
 
 /* ------------------------------------------------------ the liveness lock */
 
-static int ofd_lock(int fd, short type, uint32_t slot, int cmd)
+static int ofd_lock(int fd, short type, uint32_t byte, int cmd)
 {
     /* l_pid must be 0 for the F_OFD_* commands (a GETLK answer sets it to
      * -1: never reuse the struct). */
-    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)slot,
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = (off_t)byte,
                        .l_len = 1, .l_pid = 0};
     int r = fcntl(fd, cmd, &fl);
     if (cmd == F_OFD_GETLK && r == 0)
@@ -84,6 +85,110 @@ static int liveness_held(int fd, uint32_t slot)
     if (t < 0)
         return -1;
     return t == F_WRLCK;
+}
+
+/* ------------------------------------------- an operator's liveness bytes */
+
+/*
+ * An operator's handle (SHL_OPEN_NO_SLOT: `pyshmlock resume`, `pyshmlock
+ * session end`) owns no slot, so no slot's byte says whether it lives.
+ * While it ends an update session (session.c) it holds an OFD write lock
+ * on one of OP_BYTES bytes far above every slot's byte (locks may lie past
+ * the end of a file), named in the session's token word; the kernel drops
+ * it with the handle's descriptor (at close, at exit, at a kill), exactly
+ * as a slot's.  Two threads of one process share the handle's open file
+ * description, whose OFD locks do not conflict with each other, so the
+ * handle's bitmap of bytes in use (h->op_bytes) keeps them apart.
+ */
+#define OP_BYTE_BASE (1u << 20)   /* far above SHL_MAX_PROCESSES_LIMIT: no slot's byte */
+#define OP_BYTES 64
+
+/* Take a free operator byte for h: its index, or -1 (every byte held:
+ * by this process's other threads, or by other processes, or by a reader
+ * of the segment that holds a read lock there). */
+int liveness_take_operator(shl_lock *h)
+{
+    for (int k = 0; k < OP_BYTES; k++) {
+        uint64_t bit = 1ULL << k;
+        /* relaxed: a claim among this process's threads of which byte to
+         * try; what other processes see is the OFD lock itself */
+        if (atomic_fetch_or_explicit(&h->op_bytes, bit, memory_order_relaxed) & bit)
+            continue;
+        if (ofd_lock(h->lockfd, F_WRLCK, OP_BYTE_BASE + (uint32_t)k, F_OFD_SETLK) == 0)
+            return k;
+        /* relaxed: as above */
+        atomic_fetch_and_explicit(&h->op_bytes, ~bit, memory_order_relaxed);
+    }
+    return -1;
+}
+
+/* Let operator byte k of h go (its ending is finished). */
+void liveness_drop_operator(shl_lock *h, int k)
+{
+    (void)ofd_lock(h->lockfd, F_UNLCK, OP_BYTE_BASE + (uint32_t)k, F_OFD_SETLK);
+    /* relaxed: as in liveness_take_operator */
+    atomic_fetch_and_explicit(&h->op_bytes, ~(1ULL << k), memory_order_relaxed);
+}
+
+/* ------------------------------------------------ the segment's handles */
+
+/*
+ * Every handle of a segment, attached or an operator's, holds an OFD read
+ * lock on SHARE_BYTE for its whole life, on its liveness descriptor (so the
+ * kernel drops it with the handle: at close, exit or kill); a forked child's
+ * handle takes one on its own description (handles.c).  An opener that
+ * asks for another max_processes re-creates an unused segment only under
+ * the write lock of that byte (segment.c, "Re-creating an unused segment"):
+ * it gets it only while no other handle of the segment exists anywhere, and
+ * while it holds it no opener can take a read lock, so none attaches to
+ * the segment it removes.  An opener that mapped the segment before its
+ * removal takes its read lock after it, finds the name naming another
+ * segment, and opens again.
+ */
+#define SHARE_BYTE (OP_BYTE_BASE + OP_BYTES)
+
+/* Take h's read lock on SHARE_BYTE, waiting (bounded, as for an unfinished
+ * creation) while a re-creation holds the write lock.  0, or -1 with errno
+ * (EAGAIN: a re-creation held it all that time). */
+int liveness_share(int fd)
+{
+    int64_t give_up = mono_ns() + OPEN_WAIT_NS;
+    while (ofd_lock(fd, F_RDLCK, SHARE_BYTE, F_OFD_SETLK) != 0) {
+        if ((errno != EAGAIN && errno != EACCES) || mono_ns() > give_up)
+            return -1;
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
+    }
+    return 0;
+}
+
+/* The same, one try, async-signal-safe (a forked child's handle). */
+int liveness_share_now(int fd)
+{
+    return ofd_lock(fd, F_RDLCK, SHARE_BYTE, F_OFD_SETLK) == 0 ? 0 : -1;
+}
+
+/* Turn fd's read lock into the write lock: 0 if no other handle of the
+ * segment exists (no other description holds the byte), else -1. */
+int liveness_share_alone(int fd)
+{
+    return ofd_lock(fd, F_WRLCK, SHARE_BYTE, F_OFD_SETLK) == 0 ? 0 : -1;
+}
+
+/* And back to the read lock (never refused: nobody else holds the byte). */
+void liveness_share_again(int fd)
+{
+    (void)ofd_lock(fd, F_RDLCK, SHARE_BYTE, F_OFD_SETLK);
+}
+
+/* Is operator byte k held by an operator (a write lock)?  1 yes, 0 no,
+ * -1 cannot tell.  k comes from the segment: a byte no operator can hold
+ * (k out of range) is free. */
+int liveness_operator_held(int fd, uint32_t k)
+{
+    if (k >= OP_BYTES)
+        return 0;
+    return liveness_held(fd, OP_BYTE_BASE + k);
 }
 
 /* ------------------------------------------------------------------ /proc */

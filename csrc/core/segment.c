@@ -7,9 +7,10 @@
  * segment is trusted only if its owner and mode pass segment_trusted
  * (docs/DESIGN.md, "Trust model"), checked before it is mapped; then every
  * size and count in its header is checked against the file size and the
- * layout before anything is indexed (validate_header), and the validated
- * max_processes is kept in the private handle: no later index is taken from
- * the segment unchecked.
+ * layout before anything is indexed, and every slot is checked
+ * (validate.c: validate_header, validate_slots, which observers run too),
+ * and the validated max_processes is kept in the private handle: no later
+ * index is taken from the segment unchecked.
  *
  * Handles.  A handle (shl_lock) is process-private, named by a token
  * (handles.c).  Every entry point counts itself in h->inflight (enter/leave,
@@ -59,33 +60,6 @@ size_t layout_size(uint32_t max)
     return sizeof(struct shl_header) + (size_t)max * sizeof(struct shl_slot);
 }
 
-/* Check a mapped segment of st_size bytes that is marked ready.  Every size
- * and count is checked against the file size before anything is indexed.
- * The file must be exactly the layout's size: shorter would fault (SIGBUS)
- * past its end, longer is not something any pyshmlock process makes. */
-int validate_header(const struct shl_header *hd, size_t st_size, uint32_t *max)
-{
-    if (hd->magic != SHL_MAGIC)
-        return SHL_EFOREIGN;
-    if (hd->layout_version != SHL_LAYOUT)
-        return SHL_EVERSION;
-    if (hd->header_size != sizeof(struct shl_header) || hd->slot_size != sizeof(struct shl_slot))
-        return SHL_ECORRUPT;
-    uint32_t m = hd->max_processes;
-    if (m < 1 || m > SHL_MAX_PROCESSES_LIMIT)
-        return SHL_ECORRUPT;
-    if (hd->total_size != layout_size(m))
-        return SHL_ECORRUPT;
-    if (st_size != layout_size(m))
-        return SHL_ESIZE;
-    /* relaxed: a bounds check of a value that is checked again wherever
-     * it is used (owner_index) */
-    if (owner_of(atomic_load_explicit(&hd->state, memory_order_relaxed)) > m)
-        return SHL_ECORRUPT;
-    *max = m;
-    return SHL_OK;
-}
-
 static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
 {
     struct shl_slot *slots = (struct shl_slot *)(hd + 1);
@@ -118,7 +92,7 @@ static void init_segment(struct shl_header *hd, uint32_t max, int fail_closed)
 /* Map an existing segment and validate it, waiting (bounded) for a creator
  * that is still initialising it. */
 static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t *max,
-                        uint64_t *expected)
+                        uint64_t *expected, shl_corruption *why)
 {
     int64_t give_up = mono_ns() + OPEN_WAIT_NS;
     for (;;) {
@@ -139,7 +113,9 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
             struct shl_header *hd = p;
             /* acquire: pairs with the creator's release store of READY */
             if (atomic_load_explicit(&hd->ready, memory_order_acquire) == SHL_READY) {
-                int r = validate_header(hd, len, max);
+                int r = validate_header(hd, len, max, why);
+                if (r == SHL_OK)
+                    r = validate_slots((const struct shl_slot *)(hd + 1), 0, *max, why);
                 if (r != SHL_OK) {
                     if (r == SHL_ESIZE)
                         *expected = hd->total_size;
@@ -169,9 +145,12 @@ static int map_existing(int fd, struct shl_header **out, size_t *size, uint32_t 
  * hang or crash, and through the robust-list pointers glibc keeps in a held
  * slot mutex, write to this process's memory.  So the segment must be owned
  * by our effective uid, or, by explicit opt-in, belong to `group`; and it
- * may grant group/other write only where `mode` does.  Checked on the open
- * file (fstat), so a later rename cannot swap what was checked; only the
- * owner (trusted by these rules) or root can chmod/chown it afterwards.
+ * may grant other write only where `mode` does, group write only where
+ * `mode` does or, on a segment we own, to its own group: only its owner (we)
+ * or root can give a file its group and mode, so that grant is this user's
+ * own opt-in (a lock made with group=).  Checked on the open file (fstat),
+ * so a later rename cannot swap what was checked; only the owner (trusted
+ * by these rules) or root can chmod/chown it afterwards.
  */
 static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
 {
@@ -182,7 +161,10 @@ static int segment_trusted(const struct stat *st, uint32_t mode, int64_t group)
     /* With the opt-in, a group that may write must be that group. */
     if (group >= 0 && !by_group && (st->st_mode & 0020))
         return 0;
-    return ((uint32_t)st->st_mode & 0022u & ~mode) == 0;
+    uint32_t beyond = (uint32_t)st->st_mode & 0022u & ~mode;
+    if (ours && group < 0)
+        beyond &= ~0020u;     /* our own group grant */
+    return beyond == 0;
 }
 
 static void fill_info(shl_open_info *info, const struct stat *st)
@@ -276,15 +258,13 @@ static int open_existing(int fd, uint32_t mode, int64_t group, shl_open_info *in
     fill_info(info, &st);
     if (!segment_trusted(&st, mode, group))
         return SHL_EPERM;   /* never mapped: nothing of it reaches glibc */
-    int r = map_existing(fd, out, size, max, &expected);
+    int r = map_existing(fd, out, size, max, &expected, &info->corrupt);
     if (r == SHL_ESIZE) {
         info->size = *size;
         info->expected_size = expected;
     }
     return r;
 }
-
-static int unlink_exactly(const char *name, const struct stat *probed);
 
 /*
  * A second open file description of the segment open on fd, never mapped:
@@ -350,11 +330,15 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
     int create = (flags & SHL_OPEN_CREATE) != 0;
     *out = NULL;
     memset(info, 0, sizeof *info);
-    if (!valid_name(name) || mode > 0777 || group > (int64_t)UINT32_MAX - 1 ||
+    /* A mode must give the owner read and write: without them the
+     * creator's own next open would be refused (EACCES). */
+    if (!valid_name(name) || mode > 0777 || (mode & 0600) != 0600 ||
+        group > (int64_t)UINT32_MAX - 1 ||
         (flags & ~(SHL_OPEN_CREATE | SHL_OPEN_FAIL_CLOSED | SHL_OPEN_NO_SLOT |
-                   SHL_OPEN_NO_ROBUST)))
+                   SHL_OPEN_NO_ROBUST | SHL_OPEN_SIZED)))
         return SHL_EINVAL;
-    if (create && (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
+    if ((create || (flags & SHL_OPEN_SIZED)) &&
+        (max_processes < 1 || max_processes > SHL_MAX_PROCESSES_LIMIT))
         return SHL_EINVAL;
     core_init();
     /* Without robust futexes a dead holder is never reclaimed: only by
@@ -367,6 +351,18 @@ int shl_open(const char *name, uint32_t flags, uint32_t mode, int64_t group,
 
     for (int attempt = 0;; attempt++) {
         int r = open_once(name, path, flags, mode, group, max_processes, out, info);
+        if (r == OPEN_AGAIN) {
+            /* Re-created at another size, or removed, since we opened it
+             * (recreate_unused): open what the name names now.  Each round
+             * means another opener changed the name: bounded. */
+            int replaced = info->replaced;
+            memset(info, 0, sizeof *info);
+            info->replaced = replaced;
+            if (attempt < 64)
+                continue;
+            errno = EAGAIN;
+            return SHL_ESYS;
+        }
         if (r != SHL_EVERSION || !create || info->live != 0 || attempt >= 4)
             return r;
         /* An upgrade: the segment of another layout is unused (every
@@ -389,7 +385,6 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
                      int64_t group, uint32_t max_processes, shl_lock **out,
                      shl_open_info *info)
 {
-    (void)name;
     int created, replaced = info->replaced;
     int fd = open_name(path, (flags & SHL_OPEN_CREATE) != 0, mode, &created);
     if (fd < 0)
@@ -427,6 +422,21 @@ static int open_once(const char *name, const char *path, uint32_t flags, uint32_
                                                   &info->live_pid);
     if (r == SHL_OK && fstat(fd, &st) != 0)
         r = SHL_ESYS;
+    /* One more handle of the segment (liveness.c), and the segment still
+     * the one the name names: else it was re-created meanwhile
+     * (recreate_unused) or removed, and the caller opens again.  An opener
+     * that asked for another size may re-create it here. */
+    uint32_t want = !created && (flags & SHL_OPEN_SIZED) ? max_processes : 0;
+    if (r == SHL_OK && want != 0 && want != max)
+        r = recreate_unused(hd, max, h->lockfd, &st, name);
+    else if (r == SHL_OK && liveness_share(h->lockfd) != 0)
+        r = SHL_ESYS;
+    if (r == SHL_OK && !names_segment(name, &st))
+        r = OPEN_AGAIN;
+    if (r == SHL_OK && want > max) {
+        info->max_processes = max;   /* the segment stays, with fewer slots */
+        r = SHL_EFULL;
+    }
     int e = errno;
     close(fd);
     errno = e;
@@ -540,8 +550,7 @@ int shl_close(shl_lock *token)
 /* Count the live (or exiting) processes attached to the mapped segment
  * (dev/ino, open on fd), other than this process's own attachments;
  * reclaims dead ones. */
-static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev,
-                             uint64_t ino)
+uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64_t dev, uint64_t ino)
 {
     shl_lock probe;
     memset(&probe, 0, sizeof probe);
@@ -575,7 +584,7 @@ static uint32_t count_others(struct shl_header *hd, uint32_t max, int fd, uint64
  * unlink does.  A crash between the renames leaves a file
  * "/dev/shm/.pyshmlock-unlink.*" behind (and the lock's name missing).
  */
-static int unlink_exactly(const char *name, const struct stat *probed)
+int unlink_exactly(const char *name, const struct stat *probed)
 {
     static _Atomic uint32_t seq;   /* relaxed: only makes names unique in this process */
     char path[SHL_PATH_MAX], tmp[96];
@@ -643,7 +652,7 @@ int shl_unlink(const char *name, int force, uint32_t *attached)
         else if (st.st_uid != geteuid())
             r = SHL_EPERM;   /* probing locks its mutexes: only our own segments */
         else
-            r = map_existing(fd, &hd, &size, &max, &expected);
+            r = map_existing(fd, &hd, &size, &max, &expected, NULL);
         uint32_t layout, pid;
         if (r == SHL_EVERSION) {
             /* Another release's lock: removed like ours when nobody uses it

@@ -90,6 +90,17 @@ int slot_mutex_sane(const pthread_mutex_t *m)
 #endif
 }
 
+int slot_mutex_kind(const pthread_mutex_t *m)
+{
+#ifdef __GLIBC__
+    /* relaxed: as in slot_mutex_sane */
+    return __atomic_load_n(&m->__data.__kind, __ATOMIC_RELAXED);
+#else
+    (void)m;
+    return 0;
+#endif
+}
+
 /* ------------------------------------------------------- slots and recovery */
 
 /* The first step of a mark (internal.h, "The data-suspect mark"): count

@@ -59,28 +59,7 @@ int64_t monotonic_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static PyObject *g_real;          /* numbers.Real, looked up on first need */
-
-/* Is timeout a real number (numbers.Real), bool excepted?  -1 on error. */
-static int is_real(PyObject *timeout)
-{
-    if (PyBool_Check(timeout))
-        return 0;
-    if (PyFloat_Check(timeout) || PyLong_Check(timeout))
-        return 1;
-    if (g_real == NULL) {
-        PyObject *numbers = PyImport_ImportModule("numbers");
-        if (numbers == NULL)
-            return -1;
-        g_real = PyObject_GetAttrString(numbers, "Real");
-        Py_DECREF(numbers);
-        if (g_real == NULL)
-            return -1;
-    }
-    return PyObject_IsInstance(timeout, g_real);
-}
-
-/* The value of a real number too large for a double: +-inf. */
+/* The value of an int too large for a double: +-inf. */
 static int overflowed(PyObject *timeout, double *t)
 {
     if (!PyErr_ExceptionMatches(PyExc_OverflowError))
@@ -104,10 +83,11 @@ static int overflowed(PyObject *timeout, double *t)
  * (DEADLINE_IN: below -1).  deadline_now() makes it absolute (now + the
  * timeout on CLOCK_MONOTONIC, the clock of time.monotonic_ns()) when a try
  * has failed: an attempt granted at once never reads the clock.  Negative
- * or NaN is a ValueError; anything but None or a real number (a str, a
- * bool) is a TypeError.  Exact floats and ints, the common case, take no
- * Python call (and to_deadline_fast, fastpath.h, takes their common values
- * in line).  0, or -1 with an exception set.
+ * or NaN is a ValueError; anything but None, an int or a float (or a
+ * subclass of either: an IntEnum, a numpy float64) is a TypeError: a bool,
+ * a str, and also a Fraction or a Decimal, which the documents never
+ * promised (an int or a float, they say).  Exact floats and ints, the
+ * common case, take no Python call.  0, or -1 with an exception set.
  */
 int64_t deadline_now(int64_t deadline)
 {
@@ -121,34 +101,21 @@ int to_deadline(PyObject *timeout, int64_t *out)
         *out = -1;
         return 0;
     }
-    if (PyFloat_CheckExact(timeout)) {
+    if (PyFloat_Check(timeout)) {
         t = PyFloat_AsDouble(timeout);
-    } else if (PyLong_CheckExact(timeout)) {
+    } else if (PyLong_Check(timeout) && !PyBool_Check(timeout)) {
         t = PyLong_AsDouble(timeout);
         if (t == -1.0 && PyErr_Occurred() && overflowed(timeout, &t) < 0)
             return -1;
     } else {
-        int real = is_real(timeout);
-        if (real < 0)
-            return -1;
-        if (!real) {
-            PyObject *tn = PyObject_GetAttrString((PyObject *)Py_TYPE(timeout), "__name__");
-            if (tn != NULL) {
-                PyErr_Format(PyExc_TypeError,
-                             "timeout must be None or a number of seconds, not %U %R", tn,
-                             timeout);
-                Py_DECREF(tn);
-            }
-            return -1;
+        PyObject *tn = PyObject_GetAttrString((PyObject *)Py_TYPE(timeout), "__name__");
+        if (tn != NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "timeout must be None or a number of seconds (an int or a float), "
+                         "not %U %R", tn, timeout);
+            Py_DECREF(tn);
         }
-        PyObject *f = PyNumber_Float(timeout);
-        if (f == NULL) {
-            if (overflowed(timeout, &t) < 0)
-                return -1;
-        } else {
-            t = PyFloat_AsDouble(f);
-            Py_DECREF(f);
-        }
+        return -1;
     }
     if (isnan(t) || t < 0) {
         PyErr_Format(PyExc_ValueError, "timeout must be None or >= 0, not %R", timeout);

@@ -2,17 +2,26 @@
 and the scheduler on loopback, addresses them, and stops them (with the
 signals that stop the demo, :class:`Stopped`)."""
 import asyncio
+import errno
 import os
 import signal
 import socket
 import time
 import uuid
-from typing import Any, List
+from typing import Any, Coroutine, List, Optional, TypeVar
 
 from ..lock import RWLock, unlink
 from .state import CTX, engine_lock_name, new_state
 
 BACKENDS = ("shared", "local")
+
+#: The process slots of the demo's locks: its main process, the scheduler,
+#: the workers and the spare worker each attach.
+DEMO_MAX_PROCESSES = 256
+#: The most workers the demo runs (the slots above, less main, scheduler, spare).
+MAX_WORKERS = DEMO_MAX_PROCESSES - 3
+
+T = TypeVar("T")
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -26,8 +35,68 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+class _Run:
+    """The asyncio.run in progress in the main thread (run_stoppable)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: "asyncio.Task[Any]") -> None:
+        self.loop, self.task, self.signum = loop, task, 0
+
+
+_running: Optional[_Run] = None
+
+
 def _raise_stopped(signum: int, frame: Any) -> None:
-    raise Stopped(signum)
+    """The handler of SIGTERM and SIGHUP in the demo's main process.  Outside
+    an event loop it raises Stopped where the main thread is.  Inside one
+    (run_stoppable) it must not raise: the exception would land in whichever
+    asyncio task runs at that moment, which stores it as its result, and the
+    demo would run on.  It cancels the run's main task instead, and
+    run_stoppable raises Stopped once the loop has unwound."""
+    run = _running
+    if run is None:
+        raise Stopped(signum)
+    if not run.signum:
+        run.signum = signum
+        run.loop.call_soon_threadsafe(_cancel_all, run.task)
+
+
+def _cancel_all(main: "asyncio.Task[Any]") -> None:
+    """Cancel every task of the loop, the tasks the main one started first:
+    each then ends cancelled, before the main task's unwinding closes what
+    they use (the HTTP client)."""
+    for t in asyncio.all_tasks():
+        if t is not main:
+            t.cancel()
+    main.cancel()
+
+
+def run_stoppable(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run(coro) in the demo's main thread, stopped by SIGTERM and
+    SIGHUP as a whole: the signal cancels the main task (every task it
+    awaits is cancelled with it, none can swallow it), and Stopped is raised
+    here once the loop has closed."""
+    global _running
+    state: List[_Run] = []
+
+    async def main() -> T:
+        global _running
+        task = asyncio.current_task()
+        assert task is not None
+        state.append(_Run(asyncio.get_running_loop(), task))
+        _running = state[0]
+        return await coro
+
+    try:
+        result = asyncio.run(main())
+    except asyncio.CancelledError:
+        if state and state[0].signum:
+            raise Stopped(state[0].signum) from None
+        raise
+    finally:
+        _running = None
+    if state and state[0].signum:   # it arrived as the run was finishing
+        raise Stopped(state[0].signum)
+    return result
 
 
 class Cluster:
@@ -37,8 +106,23 @@ class Cluster:
         self.n = workers
         self.backend = backend
         self.name = f"demo-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.lock = RWLock(self.name)
-        self.engine = RWLock(engine_lock_name(self.name))
+        self.procs: List[Any] = []
+        self.sock: Optional[socket.socket] = None
+        self.lock = RWLock(self.name, max_processes=DEMO_MAX_PROCESSES)
+        try:
+            self.engine = RWLock(engine_lock_name(self.name), max_processes=DEMO_MAX_PROCESSES)
+            self._setup(workers)
+        except BaseException as e:
+            # Out of file descriptors (a queue per worker), say: nothing of
+            # this server may stay behind, the locks least of all.
+            self.shutdown()
+            if isinstance(e, OSError) and e.errno == errno.EMFILE:
+                raise OSError(errno.EMFILE, f"too many open files for {workers} workers "
+                              "(each takes a few in the demo's main process): fewer "
+                              "--workers, or raise the limit (`ulimit -n`)") from None
+            raise
+
+    def _setup(self, workers: int) -> None:
         self.state = new_state()
         self.state.set("shard_a", 1)
         self.state.set("shard_b", 1)
@@ -56,7 +140,6 @@ class Cluster:
         self.stop = CTX.Event()
         self.go = [CTX.Event() for _ in range(slots)]
         self.worker_urls: List[str] = []
-        self.procs: List[Any] = []
 
     def start(self) -> None:
         from .scheduler import scheduler_main
@@ -93,7 +176,8 @@ class Cluster:
         # A second Ctrl-C or SIGTERM must not interrupt the cleanup.
         for sig in _STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-        self.stop.set()
+        if hasattr(self, "stop"):
+            self.stop.set()
         for p in self.procs[1:]:
             if p.is_alive():
                 p.terminate()          # uvicorn shuts down on SIGTERM
@@ -103,10 +187,12 @@ class Cluster:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-        self.sock.close()
-        for lk in (self.lock, self.engine):
+        if self.sock is not None:
+            self.sock.close()
+        for lk in (getattr(self, "lock", None), getattr(self, "engine", None)):
             try:
-                lk.close()
+                if lk is not None:
+                    lk.close()
             except Exception:
                 pass
         for name in (self.name, engine_lock_name(self.name)):

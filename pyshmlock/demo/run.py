@@ -8,7 +8,14 @@ import textwrap
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from .cluster import BACKENDS, Cluster, _raise_stopped, wait_healthy
+from .cluster import (
+    BACKENDS,
+    MAX_WORKERS,
+    Cluster,
+    _raise_stopped,
+    run_stoppable,
+    wait_healthy,
+)
 
 Row = Tuple[str, str, str, bool, float]
 
@@ -78,8 +85,8 @@ def run_demo(workers: int = 4, backend: str = "shared", requests: int = 16, cycl
     """Start the server, run every scenario, print the table.  True if all passed."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}")
-    if workers < 2:
-        raise ValueError("the demo needs at least 2 workers")
+    if not 2 <= workers <= MAX_WORKERS:
+        raise ValueError(f"the demo runs 2 to {MAX_WORKERS} workers, not {workers}")
     t0 = time.monotonic()
     old = {sig: signal.signal(sig, _raise_stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     old[signal.SIGINT] = signal.getsignal(signal.SIGINT)
@@ -95,13 +102,13 @@ def _run_demo(workers: int, backend: str, requests: int, cycles: int, keep_runni
     cluster = Cluster(workers, backend)
     try:
         cluster.start()
-        asyncio.run(wait_healthy(cluster.worker_urls))
+        run_stoppable(wait_healthy(cluster.worker_urls))
         from .._table import terminal_width
         out(textwrap.fill(f"pyshmlock demo: backend={backend}, {workers} workers on "
                           f"{cluster.shared_url} (lock {cluster.name!r}), scheduler at "
                           f"100 tokens/s per request", terminal_width(),
                           subsequent_indent="  ") + "\n")
-        rows = asyncio.run(run_scenarios(cluster, requests, cycles, out))
+        rows = run_stoppable(run_scenarios(cluster, requests, cycles, out))
         out("")
         out(format_table(rows))
         passed = sum(r[3] for r in rows)

@@ -165,7 +165,6 @@ def main(quick: bool, json_path: Optional[str], png_path: Optional[str],
     out("")
     out(format_report(res))
     if json_path:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
             json.dump(res, f, indent=2)
         out(f"\nresults written to {json_path}")
