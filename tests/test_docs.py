@@ -189,6 +189,26 @@ def test_docs_extra_pins_the_site_builders_in_the_test_extra_too():
         assert f'"{pin}"' in test, f"the test extra misses {pin}"
 
 
+def test_sglang_extra_admits_exactly_the_tested_releases():
+    """pyshmlock[sglang] installs only an SGLang release install() accepts:
+    each of TESTED_VERSIONS, not the one before, the next, or a post-release
+    (install() refuses a version not in the list)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from pyshmlock.integrations.sglang import TESTED_VERSIONS
+    extra = re.search(r"^sglang = \[(.*?)\]", read("pyproject.toml"), re.M | re.S).group(1)
+    (req,) = [Requirement(r) for r in re.findall(r'"([^"]+)"', extra)]
+    assert req.name == "sglang"
+    for v in TESTED_VERSIONS:
+        assert req.specifier.contains(v), (str(req), v)
+    first, last = Version(TESTED_VERSIONS[0]), Version(TESTED_VERSIONS[-1])
+    for outside in (f"{first.major}.{first.minor}.{first.micro - 1}",
+                    f"{last.major}.{last.minor}.{last.micro + 1}", f"{last}.post1",
+                    f"{last.major}.{last.minor + 1}.0"):
+        assert not req.specifier.contains(outside), (str(req), outside)
+
+
 def test_operations_page_exists_and_is_linked():
     ops = read("docs", "OPERATIONS.md")
     for topic in ("Choosing timeouts", "Data suspect", "A pause left on", "exits 3",
