@@ -178,6 +178,17 @@ def test_readme_commands_are_the_real_ones():
     assert 'pyshmlock = "pyshmlock.cli:main"' in read("pyproject.toml")
 
 
+def test_readme_demo_line_names_the_backend_it_runs():
+    from pyshmlock import cli
+    parser = cli.build_parser()
+    subs = next(a for a in parser._actions if isinstance(a.choices, dict))
+    backend = next(a for a in subs.choices["demo"]._actions if a.dest == "backend")
+    readme = read("README.md")
+    assert f"(the `{backend.default}` backend, the default)" in readme
+    other = [c for c in backend.choices if c != backend.default]
+    assert other and all(f"`pyshmlock demo --backend {c}`" in readme for c in other)
+
+
 def test_docs_extra_pins_the_site_builders_in_the_test_extra_too():
     """CI installs only .[test], and the suite builds the site."""
     text = read("pyproject.toml")
