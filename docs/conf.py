@@ -2,8 +2,9 @@
 #
 # Choice: Sphinx + myst-parser, because the pages stay Markdown (README,
 # DESIGN.md, OPERATIONS.md are read on GitHub too) while autodoc builds the
-# API reference from the docstrings.  Theme: the built-in alabaster, so the
-# site needs nothing beyond the two pinned packages (the `docs` extra).
+# API reference from the docstrings.  Theme: furo (as pip, attrs and black
+# use), pinned with the rest in the `docs` extra; docs/_static/wide.css
+# widens its text column so that code and tables show whole.
 #
 # Build: python -m sphinx -W --keep-going -b html docs docs/_build/html
 # (tests/test_docs_site.py does this with -W: any warning fails the suite).
@@ -94,10 +95,9 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = "pyshmlock"
-html_static_path: list = []
-html_theme_options = {
-    "description": "A cross-process reader/writer lock with a pause gate",
-    "fixed_sidebar": True,
-}
+html_static_path = ["_static"]
+# Code and tables shown whole at 1280 px (tests/test_docs_site.py checks it
+# in a headless browser): a wider text column than furo's 46em.
+html_css_files = ["wide.css"]

@@ -194,8 +194,8 @@ def test_docs_extra_pins_the_site_builders_in_the_test_extra_too():
     text = read("pyproject.toml")
     docs = re.search(r"^docs = \[(.*?)\]", text, re.M | re.S).group(1)
     test = re.search(r"^test = \[(.*?)\]", text, re.M | re.S).group(1)
-    pins = re.findall(r'"((?:sphinx|myst-parser)==[^"]+)"', docs)
-    assert len(pins) == 4, pins
+    pins = re.findall(r'"((?:sphinx|myst-parser|furo)==[^"]+)"', docs)
+    assert len(pins) == 5, pins
     for pin in pins:
         assert f'"{pin}"' in test, f"the test extra misses {pin}"
 
