@@ -82,7 +82,9 @@ exclude_patterns = ["_build", "_generated", "prometheus", "Thumbs.db", ".DS_Stor
 # Markdown: GitHub-style heading anchors, so links such as
 # OPERATIONS.md#a-stale-segment-after-a-restart work on the site and on GitHub.
 myst_heading_anchors = 4
-myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
+# html_image: an <img> with a width (the benchmark chart) is shown scaled to
+# the column and linked to the full-size image, here and on GitHub.
+myst_enable_extensions = ["colon_fence", "deflist", "substitution", "html_image"]
 # Figures the pages derive from the code instead of copying them.
 myst_substitutions = {
     "mutant_count": str(len(MUTANTS)),

@@ -102,6 +102,17 @@ def test_main_pages_show_code_and_tables_whole_at_1280_px(layouts):
     assert not clipped, clipped
 
 
+@pytest.mark.timeout(400)
+def test_benchmark_chart_is_legible_on_the_page_and_linked_at_full_size(site, layouts):
+    from pyshmlock.harness.report import CHART_DPI, CHART_FONT_PT
+    rc, output, out = site
+    html = (out / "benchmarks.html").read_text()
+    assert '<a class="reference internal image-reference" href="_images/bench.png">' in html
+    (chart,) = [i for i in layouts["benchmarks"]["images"] if i["src"].endswith("bench.png")]
+    text_px = CHART_FONT_PT / 72 * CHART_DPI * chart["shown"] / chart["natural"]
+    assert text_px >= 13, f"the chart's text is {text_px:.1f} px tall on the page: {chart}"
+
+
 def test_every_fenced_block_runs_or_is_marked_as_shown():
     """A block that cannot run standalone is fenced console/text/bash, so that
     every `python` block is one the suite runs."""
