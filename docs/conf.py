@@ -8,13 +8,37 @@
 #
 # Build: python -m sphinx -W --keep-going -b html docs docs/_build/html
 # (tests/test_docs_site.py does this with -W: any warning fails the suite).
+import importlib.machinery
+import importlib.util
 import os
+import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import importlib.util  # noqa: E402
 
-import pyshmlock  # noqa: E402  (the installed package: autodoc imports it)
+def _import_the_installed_package():
+    """autodoc documents the installed package.  The README's command,
+    `pip install '.[docs]' && python -m sphinx -b html docs docs/_build/html`,
+    runs from the checkout's root, and `python -m` puts that directory first
+    on sys.path, where pyshmlock/ is the source tree: unless it was built in
+    place, it has no compiled modules, so the root leaves sys.path and the
+    installed copy is imported instead."""
+    source = os.path.join(ROOT, "pyshmlock")
+    built = all(importlib.machinery.PathFinder.find_spec(m, [source])
+                for m in ("_shmlock", "_fast"))
+    if not built:
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
+    try:
+        import pyshmlock
+    except ModuleNotFoundError as e:
+        if e.name != "pyshmlock":
+            raise
+        raise ImportError(f"the site documents the installed pyshmlock, and none is "
+                          f"installed: pip install '.[docs]' in {ROOT}") from None
+    return pyshmlock
+
+
+pyshmlock = _import_the_installed_package()
 
 
 def _mutants() -> dict:
@@ -57,10 +81,8 @@ _write_mutant_table()
 
 # pyshmlock.cluster imports its names lazily (module __getattr__), which
 # autodoc cannot see: resolve them once, so the reference lists every name.
-import pyshmlock.cluster  # noqa: E402
-
-vars(pyshmlock.cluster).update(
-    {n: getattr(pyshmlock.cluster, n) for n in pyshmlock.cluster.__all__})
+_cluster = importlib.import_module("pyshmlock.cluster")
+vars(_cluster).update({n: getattr(_cluster, n) for n in _cluster.__all__})
 
 project = "pyshmlock"
 author = "The pyshmlock authors"
