@@ -2,18 +2,43 @@
 #
 # Choice: Sphinx + myst-parser, because the pages stay Markdown (README,
 # DESIGN.md, OPERATIONS.md are read on GitHub too) while autodoc builds the
-# API reference from the docstrings.  Theme: the built-in alabaster, so the
-# site needs nothing beyond the two pinned packages (the `docs` extra).
+# API reference from the docstrings.  Theme: furo (as pip, attrs and black
+# use), pinned with the rest in the `docs` extra; docs/_static/wide.css
+# widens its text column so that code and tables show whole.
 #
 # Build: python -m sphinx -W --keep-going -b html docs docs/_build/html
 # (tests/test_docs_site.py does this with -W: any warning fails the suite).
+import importlib.machinery
+import importlib.util
 import os
+import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import importlib.util  # noqa: E402
 
-import pyshmlock  # noqa: E402  (the installed package: autodoc imports it)
+def _import_the_installed_package():
+    """autodoc documents the installed package.  The README's command,
+    `pip install '.[docs]' && python -m sphinx -b html docs docs/_build/html`,
+    runs from the checkout's root, and `python -m` puts that directory first
+    on sys.path, where pyshmlock/ is the source tree: unless it was built in
+    place, it has no compiled modules, so the root leaves sys.path and the
+    installed copy is imported instead."""
+    source = os.path.join(ROOT, "pyshmlock")
+    built = all(importlib.machinery.PathFinder.find_spec(m, [source])
+                for m in ("_shmlock", "_fast"))
+    if not built:
+        sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
+    try:
+        import pyshmlock
+    except ModuleNotFoundError as e:
+        if e.name != "pyshmlock":
+            raise
+        raise ImportError(f"the site documents the installed pyshmlock, and none is "
+                          f"installed: pip install '.[docs]' in {ROOT}") from None
+    return pyshmlock
+
+
+pyshmlock = _import_the_installed_package()
 
 
 def _mutants() -> dict:
@@ -56,10 +81,8 @@ _write_mutant_table()
 
 # pyshmlock.cluster imports its names lazily (module __getattr__), which
 # autodoc cannot see: resolve them once, so the reference lists every name.
-import pyshmlock.cluster  # noqa: E402
-
-vars(pyshmlock.cluster).update(
-    {n: getattr(pyshmlock.cluster, n) for n in pyshmlock.cluster.__all__})
+_cluster = importlib.import_module("pyshmlock.cluster")
+vars(_cluster).update({n: getattr(_cluster, n) for n in _cluster.__all__})
 
 project = "pyshmlock"
 author = "The pyshmlock authors"
@@ -81,7 +104,9 @@ exclude_patterns = ["_build", "_generated", "prometheus", "Thumbs.db", ".DS_Stor
 # Markdown: GitHub-style heading anchors, so links such as
 # OPERATIONS.md#a-stale-segment-after-a-restart work on the site and on GitHub.
 myst_heading_anchors = 4
-myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
+# html_image: an <img> with a width (the benchmark chart) is shown scaled to
+# the column and linked to the full-size image, here and on GitHub.
+myst_enable_extensions = ["colon_fence", "deflist", "substitution", "html_image"]
 # Figures the pages derive from the code instead of copying them.
 myst_substitutions = {
     "mutant_count": str(len(MUTANTS)),
@@ -94,10 +119,9 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 
-html_theme = "alabaster"
+html_theme = "furo"
 html_title = "pyshmlock"
-html_static_path: list = []
-html_theme_options = {
-    "description": "A cross-process reader/writer lock with a pause gate",
-    "fixed_sidebar": True,
-}
+html_static_path = ["_static"]
+# Code and tables shown whole at 1280 px (tests/test_docs_site.py checks it
+# in a headless browser): a wider text column than furo's 46em.
+html_css_files = ["wide.css"]

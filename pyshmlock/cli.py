@@ -18,6 +18,9 @@ print one line on stderr and exit non-zero, without a traceback.
 slots are all taken) and never appear among the attached processes.
 `pause` and `resume` attach with the stale policy "keep": an operator's tool
 never clears a pause implicitly.
+
+Longer than the size guide: the parser and one function per verb, kept
+together; what the command says lives in `_cli_text.py`.
 """
 import argparse
 import json
@@ -430,13 +433,31 @@ def _opt_in(s: argparse.ArgumentParser) -> None:
                         "(octal, default 0600; 0660 with --group)")
 
 
+class _Version(argparse.Action):
+    """--version: the package's version, then the SGLang releases the
+    integration was tested with (its TESTED_VERSIONS, imported only when
+    asked: the integration is not loaded for every command)."""
+
+    def __init__(self, option_strings: List[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version, and the SGLang releases the integration "
+                              "was tested with, and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: Optional[str] = None) -> None:
+        from . import __version__
+        from .integrations.sglang import TESTED_VERSIONS
+        sys.stdout.write(f"pyshmlock {__version__}\n"
+                         f"SGLang integration: tested with SGLang "
+                         f"{', '.join(TESTED_VERSIONS)}\n")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(prog="pyshmlock", formatter_class=fmt, epilog=EXIT_CODES,
                                 description="Inspect and drive pyshmlock locks on this host.")
-    p.add_argument("--version", action="version", version=f"pyshmlock {__version__}",
-                   help="print the version and exit")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:

@@ -133,6 +133,16 @@ def test_bad_numbers_are_usage_errors(lock, lock_name):
 def test_version_help_and_exit_codes():
     p = run("--version")
     assert p.returncode == 0 and pyshmlock.__version__ in p.stdout
+
+
+def test_version_names_the_sglang_releases_the_integration_was_tested_with():
+    from pyshmlock.integrations.sglang import TESTED_VERSIONS
+    p = run("--version")
+    assert p.returncode == 0, p.stderr
+    assert f"tested with SGLang {', '.join(TESTED_VERSIONS)}" in p.stdout, p.stdout
+
+
+def test_help_and_exit_codes():
     p = run("--help")
     assert "exit codes" in p.stdout.lower() and " 3 " in p.stdout
     parser = cli.build_parser()

@@ -189,15 +189,46 @@ def test_readme_commands_are_the_real_ones():
     assert 'pyshmlock = "pyshmlock.cli:main"' in read("pyproject.toml")
 
 
+def test_readme_demo_line_names_the_backend_it_runs():
+    from pyshmlock import cli
+    parser = cli.build_parser()
+    subs = next(a for a in parser._actions if isinstance(a.choices, dict))
+    backend = next(a for a in subs.choices["demo"]._actions if a.dest == "backend")
+    readme = read("README.md")
+    assert f"(the `{backend.default}` backend, the default)" in readme
+    other = [c for c in backend.choices if c != backend.default]
+    assert other and all(f"`pyshmlock demo --backend {c}`" in readme for c in other)
+
+
 def test_docs_extra_pins_the_site_builders_in_the_test_extra_too():
     """CI installs only .[test], and the suite builds the site."""
     text = read("pyproject.toml")
     docs = re.search(r"^docs = \[(.*?)\]", text, re.M | re.S).group(1)
     test = re.search(r"^test = \[(.*?)\]", text, re.M | re.S).group(1)
-    pins = re.findall(r'"((?:sphinx|myst-parser)==[^"]+)"', docs)
-    assert len(pins) == 4, pins
+    pins = re.findall(r'"((?:sphinx|myst-parser|furo)==[^"]+)"', docs)
+    assert len(pins) == 5, pins
     for pin in pins:
         assert f'"{pin}"' in test, f"the test extra misses {pin}"
+
+
+def test_sglang_extra_admits_exactly_the_tested_releases():
+    """pyshmlock[sglang] installs only an SGLang release install() accepts:
+    each of TESTED_VERSIONS, not the one before, the next, or a post-release
+    (install() refuses a version not in the list)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from pyshmlock.integrations.sglang import TESTED_VERSIONS
+    extra = re.search(r"^sglang = \[(.*?)\]", read("pyproject.toml"), re.M | re.S).group(1)
+    (req,) = [Requirement(r) for r in re.findall(r'"([^"]+)"', extra)]
+    assert req.name == "sglang"
+    for v in TESTED_VERSIONS:
+        assert req.specifier.contains(v), (str(req), v)
+    first, last = Version(TESTED_VERSIONS[0]), Version(TESTED_VERSIONS[-1])
+    for outside in (f"{first.major}.{first.minor}.{first.micro - 1}",
+                    f"{last.major}.{last.minor}.{last.micro + 1}", f"{last}.post1",
+                    f"{last.major}.{last.minor + 1}.0"):
+        assert not req.specifier.contains(outside), (str(req), outside)
 
 
 def test_operations_page_exists_and_is_linked():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from browser import find_browser, layout_report
 from docs_examples import (
     DIRECTIVES,
     ROOT,
@@ -71,6 +72,45 @@ def test_operations_page_shows_the_alert_rules(site):
     with open(os.path.join(ROOT, "docs", "prometheus", "alerts.yml")) as f:
         first_alert = next(ln for ln in f if "alert:" in ln).split("alert:")[1].strip()
     assert first_alert in html
+
+
+MAIN_PAGES = ("index", "quickstart", "asyncio", "cluster", "sglang", "benchmarks")
+WINDOW = 1280       # px: a laptop's browser window
+
+
+@pytest.fixture(scope="module")
+def layouts(site):
+    """Each main page laid out by a headless Chromium at WINDOW px."""
+    rc, output, out = site
+    assert rc == 0, output[-6000:]
+    browser = find_browser()
+    if browser is None:
+        pytest.skip("no headless browser: Chromium is not installed "
+                    "(Debian: apt-get install chromium; .ci/run installs it)")
+    return {page: layout_report(browser, str(out / f"{page}.html"), width=WINDOW)
+            for page in MAIN_PAGES}
+
+
+@pytest.mark.timeout(400)
+def test_main_pages_show_code_and_tables_whole_at_1280_px(layouts):
+    """No code block or table needs a scroll bar, is cut by a box around it,
+    or runs past the window (the site's column fits a 100-character line)."""
+    assert all(r["width"] == WINDOW for r in layouts.values()), \
+        {p: r["width"] for p, r in layouts.items()}
+    assert sum(r["checked"] for r in layouts.values()) >= 20, layouts
+    clipped = {p: r["clipped"] for p, r in layouts.items() if r["clipped"]}
+    assert not clipped, clipped
+
+
+@pytest.mark.timeout(400)
+def test_benchmark_chart_is_legible_on_the_page_and_linked_at_full_size(site, layouts):
+    from pyshmlock.harness.report import CHART_DPI, CHART_FONT_PT
+    rc, output, out = site
+    html = (out / "benchmarks.html").read_text()
+    assert '<a class="reference internal image-reference" href="_images/bench.png">' in html
+    (chart,) = [i for i in layouts["benchmarks"]["images"] if i["src"].endswith("bench.png")]
+    text_px = CHART_FONT_PT / 72 * CHART_DPI * chart["shown"] / chart["natural"]
+    assert text_px >= 13, f"the chart's text is {text_px:.1f} px tall on the page: {chart}"
 
 
 def test_every_fenced_block_runs_or_is_marked_as_shown():

@@ -124,37 +124,55 @@ def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
     return format_table(head, grouped, width)
 
 
+#: The chart is drawn to be read at a documentation page's width (about
+#: 950 px on the site, 1280 px windows): one panel per row, 11 pt text at
+#: 150 dpi, so that the labels are about 15 px tall on the page; the page
+#: links the image at full size.
+CHART_DPI = 150
+CHART_FONT_PT = 11
+
+
 def save_chart(res: Dict[str, Any], path: str) -> bool:
-    """A PNG of the pause-to-wake and recovery figures (needs matplotlib)."""
+    """A PNG of the pause-to-wake, writer-starvation and recovery figures
+    (needs matplotlib), one panel above the other."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    pw = {k: v for k, v in res.get("pause_to_wake", {}).items() if "median_us" in v}
-    labels = sorted({v["primitive"] for v in pw.values()})
-    counts = sorted({v["processes"] for v in pw.values()})
-    for lab in labels:
-        ys = [pw.get(f"{lab} x{n}", {}).get("median_us") for n in counts]
-        axes[0].plot(counts, ys, marker="o", label=lab)
-    axes[0].set(title="pause-to-wake, last of N (median)", xlabel="blocked processes",
-                ylabel="µs", xscale="log", yscale="log")
-    axes[0].legend(fontsize=7)
-    ws = {k: v for k, v in res.get("writer_starvation", {}).items()
-          if "writer_acquisitions" in v}
-    bars = axes[1].barh(list(ws), [v["writer_acquisitions"] for v in ws.values()])
-    axes[1].bar_label(bars, fontsize=8)
-    axes[1].set(title="writer entries beside overlapping readers", xlabel="acquisitions")
-    kr = {k: v for k, v in res.get("kill_to_recovery", {}).items() if "median_us" in v}
-    bars = axes[2].barh(list(kr), [v["median_us"] / 1000 for v in kr.values()])
-    axes[2].bar_label(bars, fmt="%.2f", fontsize=8)
-    axes[2].set(title="kill-to-recovery (median)", xlabel="ms", xscale="log")
-    fig.suptitle(res.get("machine", ""), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with plt.rc_context({"font.size": CHART_FONT_PT}):
+        fig, axes = plt.subplots(3, 1, figsize=(9, 12),
+                                 gridspec_kw={"height_ratios": [1.3, 1, 1]})
+        pw = {k: v for k, v in res.get("pause_to_wake", {}).items() if "median_us" in v}
+        labels = sorted({v["primitive"] for v in pw.values()})
+        counts = sorted({v["processes"] for v in pw.values()})
+        for lab in labels:
+            ys = [pw.get(f"{lab} x{n}", {}).get("median_us") for n in counts]
+            axes[0].plot(counts, ys, marker="o", label=lab)
+        axes[0].set(title="pause-to-wake: the last of N blocked processes (median)",
+                    xlabel="blocked processes", ylabel="µs", xscale="log", yscale="log")
+        axes[0].set_xticks(counts, [str(n) for n in counts])
+        axes[0].grid(True, which="major", alpha=0.3)
+        axes[0].legend(loc="upper left")
+        ws = {k: v for k, v in res.get("writer_starvation", {}).items()
+              if "writer_acquisitions" in v}
+        bars = axes[1].barh(list(ws), [v["writer_acquisitions"] for v in ws.values()])
+        axes[1].bar_label(bars, padding=3)
+        axes[1].set(title="writer entries beside overlapping readers (more is better)",
+                    xlabel="acquisitions")
+        axes[1].margins(x=0.12)
+        kr = {k: v for k, v in res.get("kill_to_recovery", {}).items() if "median_us" in v}
+        bars = axes[2].barh(list(kr), [v["median_us"] / 1000 for v in kr.values()])
+        axes[2].bar_label(bars, fmt="%.2f ms", padding=3)
+        axes[2].set(title="kill-to-recovery (median, less is better)", xlabel="ms",
+                    xscale="log")
+        if kr:     # room for the longest bar's label (a log axis ignores margins)
+            axes[2].set_xlim(right=max(v["median_us"] for v in kr.values()) / 1000 * 6)
+        fig.suptitle(res.get("machine", ""))
+        fig.tight_layout()
+        fig.savefig(path, dpi=CHART_DPI)
+        plt.close(fig)
     return True
 
 
