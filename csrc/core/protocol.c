@@ -477,17 +477,29 @@ int shl_fast_try(shl_lock *h, shl_waiter *w)
 /* try_read without a waiter, for the uncontended case: admitted at once
  * (the gate open, nobody claiming), or backed out with nothing left behind
  * (the caller then makes an attempt, which looks again and may queue). */
+/* shl_fast_read's rare steps, out of its line, so that the line makes no
+ * call but tail calls (no stack frame to set up). */
+static __attribute__((noinline)) int fast_read_reattach(shl_lock *h)
+{
+    int r = reattach(h);
+    return r != SHL_OK ? r : shl_fast_read(h);
+}
+
+static __attribute__((noinline)) int fast_read_back_out(shl_lock *h, struct shl_slot *me)
+{
+    if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
+        wake_drainers(h);
+    return SHL_AGAIN;
+}
+
 int shl_fast_read(shl_lock *h)
 {
     if (fast_closed(h))
         return SHL_ECLOSED;
     if (h->no_slot)
         return SHL_EINVAL;
-    if (!attached_here(h)) {
-        int r = reattach(h);
-        if (r != SHL_OK)
-            return r;
-    }
+    if (!attached_here(h))
+        return fast_read_reattach(h);
     struct shl_slot *me = &h->slots[self_slot(h)];
     /* The reader half of the Dekker pair, as try_read (same steps). */
     uint32_t prev = atomic_fetch_add_explicit(&me->readers, 1, memory_order_seq_cst); /* [model:READ_ANNOUNCE] */
@@ -500,9 +512,7 @@ int shl_fast_read(shl_lock *h)
                               memory_order_relaxed);
         return SHL_OK;
     }
-    if (atomic_fetch_sub_explicit(&me->readers, 1, memory_order_seq_cst) == 1) /* [model:READ_BACKOUT] */
-        wake_drainers(h);
-    return SHL_AGAIN;
+    return fast_read_back_out(h, me);
 }
 
 /*
@@ -732,33 +742,57 @@ int shl_release_update(shl_lock *h) { return release_exclusive(h, SHL_KIND_UPDAT
 
 /* do_release_read, taking the hold from the fast calls' count first (a
  * load and a store: see gil_reads), else from the general one. */
+/* shl_fast_release_read's rare steps, out of its line (as shl_fast_read's). */
+static __attribute__((noinline)) int fast_release_read_rest(shl_lock *h)
+{
+    return do_release_read(h);     /* (ensure_attached: a fork's child forgets both counts) */
+}
+
+static __attribute__((noinline)) int fast_release_read_wake(shl_lock *h)
+{
+    wake_drainers(h);
+    return SHL_OK;
+}
+
 int shl_fast_release_read(shl_lock *h)
 {
     if (fast_closed(h))
         return SHL_ECLOSED;
-    int r = ensure_attached(h);     /* (a fork's child forgets both counts) */
-    if (r != SHL_OK)
-        return r;
     uint32_t g = atomic_load_explicit(&h->gil_reads, memory_order_relaxed);
-    if (g == 0)
-        return do_release_read(h);
+    if (h->no_slot || !attached_here(h) || g == 0)
+        return fast_release_read_rest(h);
+    /* release_slot_read, with the count given back on its failure. */
+    struct shl_slot *me = &h->slots[self_slot(h)];
+    uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
+    do {
+        if (c == 0)     /* our slot was wiped: only a corrupt segment does that */
+            return SHL_ECORRUPT;
+        /* seq_cst: release half of the drain handshake (see wake_drainers). */
+    } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
+                                                    memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
     atomic_store_explicit(&h->gil_reads, g - 1, memory_order_relaxed); /* see gil_reads */
-    r = release_slot_read(h);
-    if (r != SHL_OK)
-        atomic_store_explicit(&h->gil_reads, g, memory_order_relaxed); /* see gil_reads */
-    return r;
+    if (c == 1)
+        return fast_release_read_wake(h);
+    return SHL_OK;
 }
 
 /* do_release_exclusive with the common word written straight: ours,
  * without SUSPECT or SLEEPERS (nothing to unmark, nobody to wake); the
  * same steps (RELEASE_OWNER on the value the CAS compares against,
  * EXCL_RELEASE); anything else, or a CAS that loses, goes to the loop. */
+/* do_release_exclusive out of shl_fast_release_exclusive's line, so that
+ * the line makes no call but tail calls (no stack frame to set up). */
+static __attribute__((noinline)) int fast_release_exclusive_rest(shl_lock *h, int kind)
+{
+    return do_release_exclusive(h, kind);
+}
+
 int shl_fast_release_exclusive(shl_lock *h, int kind)
 {
     if (fast_closed(h))
         return SHL_ECLOSED;
     if (h->no_slot || !attached_here(h))
-        return do_release_exclusive(h, kind);
+        return fast_release_exclusive_rest(h, kind);
     /* A load and a store, not the CAS of do_release_exclusive: while the
      * hold is ours no grant writes held_excl, and the releases the fast
      * calls' caller makes are serialised by it (the binding makes every
