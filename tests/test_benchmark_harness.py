@@ -80,3 +80,19 @@ def test_instruction_counts_cover_every_uncontended_case():
             < rows["floor: two cffi calls"]["instructions"])
     report = benchmark.format_report({"instructions": rows}, width=1000)
     assert "instructions per call" in report and "multiprocessing.Lock pair" in report
+
+
+def test_a_wake_run_for_some_peers_leaves_no_segment_or_semaphore():
+    """pause_to_wake(only=...) made every peer's gate, then skipped the ones
+    not asked for without closing them: each run (the fresh-process run of
+    the wait path before 5.16 is one) left a pyshmlock segment and a POSIX
+    semaphore in /dev/shm."""
+    import os
+    from pyshmlock.harness.wake import pause_to_wake
+    mine = f"-{os.getpid()}-"
+
+    def ours():
+        return {f for f in os.listdir("/dev/shm") if mine in f and "bench-" in f}
+    before = ours()
+    pause_to_wake([1], 1, only="pyshmlock resume")
+    assert ours() - before == set()

@@ -230,10 +230,10 @@ def pause_to_wake(counts: List[int], rounds: int, only: str = "") -> Dict[str, A
     rows: Dict[str, Any] = {}
     for n in counts:
         for factory in GATE_PEERS:
-            gate_impl, why = _make(factory)
             label = getattr(factory, "label", "?")
             if not label.startswith(only):
-                continue
+                continue          # (before _make: a gate made is a gate to close)
+            gate_impl, why = _make(factory)
             if gate_impl is None:
                 rows[f"{label} x{n}"] = {"error": why}
                 continue
