@@ -88,6 +88,7 @@ def test_a_wake_run_for_some_peers_leaves_no_segment_or_semaphore():
     the wait path before 5.16 is one) left a pyshmlock segment and a POSIX
     semaphore in /dev/shm."""
     import os
+
     from pyshmlock.harness.wake import pause_to_wake
     mine = f"-{os.getpid()}-"
 
