@@ -55,7 +55,8 @@ if _MISSING:
             f"checkout shadows the installed pyshmlock in {_OTHER}, because Python put "
             f"{_ROOT} first on sys.path (`python -m`, `python -c` or a script started "
             "there).  Run from another directory (or with `python -P`, Python 3.11+), or "
-            "build the checkout in place (`pip install -e .`)",
+            "build the checkout in place (`pip install -e .`, or `python setup.py "
+            "build_ext --inplace`)",
             name=_MISSING[0], path=_HERE)
     raise ImportError(
         f"{' and '.join(_MISSING)} (compiled) not built in {_HERE}: this looks like a "
