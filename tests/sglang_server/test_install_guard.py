@@ -46,9 +46,14 @@ def test_install_guard(guard_results, check):
 
 
 def _run(python, code, **env):
+    # A clean environment, started away from the checkout: from its root,
+    # `python -c` would put the checkout first on sys.path, and a fresh
+    # clone's pyshmlock/ has no compiled core (CI installs, it does not build
+    # in place).
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                          timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
-                                            **env})
+                          timeout=300, cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
+                               "PYTHONSAFEPATH": "1", **env})
 
 
 RAISES = ("from pyshmlock.integrations import sglang as s\n"
