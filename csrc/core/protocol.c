@@ -632,10 +632,11 @@ void shl_cancel(shl_lock *h, shl_waiter *w)
  * split-off part on the uncontended path. */
 #define FAST_INLINE static inline __attribute__((always_inline))
 
-/* The slot's half of a read release, once a hold was taken from a count:
- * SHL_OK, or SHL_ECORRUPT (nothing changed: the caller gives the count
- * back). */
-FAST_INLINE int release_slot_read(shl_lock *h)
+/* The slot's half of a read release: our slot's reader count down by one.
+ * SHL_OK, *last set if it was the last reader of the slot (the caller
+ * then wakes the drainers: wake_drainers), or SHL_ECORRUPT with nothing
+ * changed.  No call, so the fast release stays a leaf. */
+FAST_INLINE int drop_slot_read(shl_lock *h, int *last)
 {
     struct shl_slot *me = &h->slots[self_slot(h)];
     uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
@@ -645,8 +646,7 @@ FAST_INLINE int release_slot_read(shl_lock *h)
         /* seq_cst: release half of the drain handshake (see wake_drainers). */
     } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
                                                     memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
-    if (c == 1)
-        wake_drainers(h);
+    *last = c == 1;
     return SHL_OK;
 }
 
@@ -661,7 +661,10 @@ static int do_release_read(shl_lock *h)
             return SHL_ENOHOLD;
     } while (!atomic_compare_exchange_weak_explicit(&h->held_reads, &n, n - 1,
                                                     memory_order_relaxed, memory_order_relaxed));
-    r = release_slot_read(h);
+    int last;
+    r = drop_slot_read(h, &last);
+    if (r == SHL_OK && last)
+        wake_drainers(h);
     if (r != SHL_OK)
         atomic_fetch_add_explicit(&h->held_reads, 1, memory_order_relaxed);
     return r;
@@ -761,19 +764,11 @@ int shl_fast_release_read(shl_lock *h)
     uint32_t g = atomic_load_explicit(&h->gil_reads, memory_order_relaxed);
     if (h->no_slot || !attached_here(h) || g == 0)
         return fast_release_read_rest(h);
-    /* release_slot_read, with the count given back on its failure. */
-    struct shl_slot *me = &h->slots[self_slot(h)];
-    uint32_t c = atomic_load_explicit(&me->readers, memory_order_relaxed);
-    do {
-        if (c == 0)     /* our slot was wiped: only a corrupt segment does that */
-            return SHL_ECORRUPT;
-        /* seq_cst: release half of the drain handshake (see wake_drainers). */
-    } while (!atomic_compare_exchange_weak_explicit(&me->readers, &c, c - 1,
-                                                    memory_order_seq_cst, memory_order_seq_cst)); /* [model:RELEASE_READ] */
+    int last;
+    if (drop_slot_read(h, &last) != SHL_OK)
+        return SHL_ECORRUPT;
     atomic_store_explicit(&h->gil_reads, g - 1, memory_order_relaxed); /* see gil_reads */
-    if (c == 1)
-        return fast_release_read_wake(h);
-    return SHL_OK;
+    return last ? fast_release_read_wake(h) : SHL_OK;
 }
 
 /* do_release_exclusive with the common word written straight: ours,
