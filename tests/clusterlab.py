@@ -254,7 +254,37 @@ def _read_request(conn):
     return head.split(b" ")[1].decode(), body
 
 
-class FakeMember:
+class _LocalServer:
+    """A TCP server on 127.0.0.1 whose thread runs the subclass's _accept
+    until stop(): the url to give a client, the connections to close.  A
+    subclass sets what _accept uses before calling this __init__."""
+
+    def __init__(self):
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._conns = []
+        self._t = threading.Thread(target=self._accept, daemon=True)
+        self._t.start()
+
+    def stop(self):
+        self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)     # wakes the accept
+        except OSError:
+            pass
+        self._sock.close()
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._t.join(5)
+
+
+class FakeMember(_LocalServer):
     """A TCP server on 127.0.0.1 standing for an etcd member that answers
     badly: every request gets ``answer(path, body)``, a list of byte strings
     sent one by one ``gap`` seconds apart (separate TCP segments), after
@@ -265,14 +295,7 @@ class FakeMember:
     def __init__(self, answer, *, gap=0.0, close=True):
         self.answer, self.gap, self.close_after = answer, gap, close
         self.requests = []
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._stop = threading.Event()
-        self._conns = []
-        self._t = threading.Thread(target=self._accept, daemon=True)
-        self._t.start()
+        super().__init__()
 
     def _accept(self):
         while not self._stop.is_set():
@@ -305,22 +328,8 @@ class FakeMember:
             except OSError:
                 pass
 
-    def stop(self):
-        self._stop.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)     # wakes the accept
-        except OSError:
-            pass
-        self._sock.close()
-        for c in self._conns:
-            try:
-                c.close()
-            except OSError:
-                pass
-        self._t.join(5)
 
-
-class DelayProxy:
+class DelayProxy(_LocalServer):
     """A TCP proxy in front of one real etcd member that holds every request
     ``delay`` seconds before passing it on (a member slow to answer, still
     working on what it was sent), and counts the requests it passed."""
@@ -331,14 +340,8 @@ class DelayProxy:
         self.upstream = (u.hostname, u.port)
         self.delay = delay
         self.requests = 0
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._stop = threading.Event()
         self._mu = threading.Lock()
-        self._conns = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__()
 
     def _accept(self):
         while not self._stop.is_set():
@@ -385,15 +388,3 @@ class DelayProxy:
         except OSError:
             return
 
-    def stop(self):
-        self._stop.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)     # wakes the accept
-        except OSError:
-            pass
-        self._sock.close()
-        for s in self._conns:
-            try:
-                s.close()
-            except OSError:
-                pass
