@@ -64,7 +64,10 @@ async def run_scenarios(cluster: Cluster, requests: int, cycles: int,
                 await c.recover()
             took = time.monotonic() - t0
             rows.append((title, expected, observed, ok, took))
-            out(f"  {'PASS' if ok else 'FAIL'}  {title}  ({took:.1f} s)")
+            # A failure says what was seen at once: a run stopped before the
+            # table (a signal, a test's timeout) still shows why.
+            out(f"  {'PASS' if ok else 'FAIL'}  {title}  ({took:.1f} s)"
+                + ("" if ok else f": {observed}"))
     return rows
 
 

@@ -257,11 +257,18 @@ class WorkerCore:
     async def resume(self) -> Dict[str, Any]:
         if self.backend == "shared":
             assert self.alock is not None
-            return {"running": await self.alock.resume(30)}
+            running = await self.alock.resume(30)
+            return {"running": running, **self._update_progress()}
         await self._apply_pause_flag(False)
         self._broadcast("continue")
         await self._tell_scheduler("continue")
-        return {"running": True}
+        return {"running": True, **self._update_progress()}
+
+    def _update_progress(self) -> Dict[str, int]:
+        """What the shared state says of updates as this call returns: a
+        caller learns whether an update had ended from the state itself, not
+        from which HTTP reply reached it first."""
+        return {"updates_done": self.state.updates, "updating": self.state.updating}
 
     async def _swap(self, seconds: float, t0: float, under_pause: bool) -> Dict[str, Any]:
         """Run the simulated swap; the reply says when it ran (CLOCK_MONOTONIC)."""
