@@ -305,7 +305,7 @@ int shl_is_locked(shl_lock *h);
  *                      session's token (never 0) in *token, for a caller
  *                      that holds the update hold (it releases it after):
  *                      SHL_OK, SHL_AGAIN (another session pins it: wait
- *                      unpinned, retry), SHL_ENOHOLD.
+ *                      unpinned, retry; csrc/fastpath/ does), SHL_ENOHOLD.
  *   shl_session_end    end the session `token` from any process; the gate
  *                      stays paused (resume opens it).  SHL_ENOSESSION if
  *                      it is not the current session (ended, expired).

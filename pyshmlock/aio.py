@@ -186,18 +186,12 @@ class AsyncRWLock(_fastpath.AsyncLock):
     async def begin_session(self, ttl: float = DEFAULT_SESSION_TTL,
                             timeout: Optional[float] = None) -> int:
         """Begin an update session; returns its token (see RWLock.begin_session)."""
-        ttl_ns = session_ttl_ns(ttl)
-        deadline = deadline_ns(timeout)
-        while True:
-            # The update and, once granted, the pin and the release in C (see
-            # RWLock.begin_session).
-            if not await self._attempt(lib.SHL_KIND_UNPINNED, deadline):
-                raise session_timeout(self.name, timeout)
-            token = await self._begin_session_attempt(deadline, ttl_ns)
-            if token is False:
-                raise session_timeout(self.name, timeout)
-            if token is not None:
-                return int(token)
+        # One C attempt, as RWLock.begin_session's.
+        ttl_ns = session_ttl_ns(ttl)            # checked first, then the timeout
+        token = await self._begin_session_attempt(deadline_ns(timeout), ttl_ns)
+        if token is False:
+            raise session_timeout(self.name, timeout)
+        return int(token)
 
     def end_session(self, token: int, *, lost: bool = False) -> None:
         """End the update session ``token`` (see RWLock.end_session)."""

@@ -382,18 +382,14 @@ class RWLock(_fastpath.Lock):
         gate paused and the data marked suspect (resume() then refuses with
         DataSuspectError).  The process that began it may exit or die: that
         ends nothing.  TimeoutError if not begun within ``timeout``."""
-        ttl_ns = session_ttl_ns(ttl)
-        deadline = deadline_ns(timeout)
-        while True:
-            # The update and, at once in C, the pin and the release: no Python
-            # code (a signal handler that raises) runs while the update is held.
-            if not self._attempt_block(lib.SHL_KIND_UNPINNED, deadline):
-                raise session_timeout(self.name, timeout)
-            token = self._begin_session_block(deadline, ttl_ns)
-            if token is False:
-                raise session_timeout(self.name, timeout)
-            if token is not None:
-                return int(token)
+        # One C attempt (the wait, the update and, at once, the pin and the
+        # release): no Python code, a signal handler that raises, runs while
+        # the update is held.
+        ttl_ns = session_ttl_ns(ttl)            # checked first, then the timeout
+        token = self._begin_session_block(deadline_ns(timeout), ttl_ns)
+        if token is False:
+            raise session_timeout(self.name, timeout)
+        return int(token)
 
     def end_session(self, token: int, *, lost: bool = False) -> None:
         """End the update session ``token`` (any process may).  The gate stays

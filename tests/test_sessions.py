@@ -306,3 +306,66 @@ def test_a_writer_killed_while_it_waited_for_readers_marks_nothing(lock, lock_na
     assert not info.data_suspect
     lock.pause()
     assert lock.resume(1)
+
+
+def test_sessions_begun_by_many_threads_and_tasks_at_once_come_one_at_a_time(lock_name):
+    """Threads and asyncio tasks all begin a session on one lock at once.
+    When a session ends every waiter wakes; one pins, and each of the others,
+    its update had after that pin, goes back to waiting inside the one C
+    attempt (never out to Python with nothing begun).  Each gets its own
+    token, no two sessions overlap, and nothing is left behind."""
+    lk = pyshmlock.RWLock(lock_name)
+    first = lk.begin_session(ttl=30, timeout=5)       # all of them wait behind it
+    tokens, overlaps, errors = [], [], []
+    inside = threading.Lock()
+
+    def one_session(token):
+        if not inside.acquire(blocking=False):
+            overlaps.append(token)
+            return
+        tokens.append(token)
+        time.sleep(0.005)
+        inside.release()
+
+    def thread_main():
+        try:
+            t = lk.begin_session(ttl=30, timeout=30)
+            one_session(t)
+            lk.end_session(t)
+        except BaseException as e:       # reported below, not lost in a thread
+            errors.append(e)
+
+    async def tasks_main():
+        a = pyshmlock.AsyncRWLock(lock_name)
+
+        async def task():
+            t = await a.begin_session(ttl=30, timeout=30)
+            one_session(t)
+            a.end_session(t)
+
+        await asyncio.gather(*(task() for _ in range(4)))
+        a.close()
+
+    threads = [threading.Thread(target=thread_main) for _ in range(4)]
+
+    def loop_main():
+        try:
+            asyncio.run(tasks_main())
+        except BaseException as e:
+            errors.append(e)
+
+    threads.append(threading.Thread(target=loop_main))
+    for t in threads:
+        t.start()
+    wait_for(lambda: sum(lk.info().waiters.values()) >= 4, 10,
+             "the threads wait for the session")
+    lk.end_session(first)
+    for t in threads:
+        t.join(40)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [] and overlaps == []
+    assert len(tokens) == 8 and len(set(tokens)) == 8 and first not in tokens
+    info = lk.info()
+    assert info.session is None and info.updater_pid is None and not info.waiters
+    assert lk.resume(5)
+    lk.close()

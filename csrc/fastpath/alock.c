@@ -109,9 +109,9 @@ static PyObject *alock_attempt(PyObject *self, PyObject *const *args, Py_ssize_t
                        KIND[kind].call);
 }
 
-/* _begin_session_attempt(deadline, ttl_ns): begin_session's update as an
- * awaitable that, granted, pins and releases at once (attempt_new_session):
- * its result is the token, None (pinned first) or False (timed out). */
+/* _begin_session_attempt(deadline, ttl_ns): begin_session whole as one
+ * awaitable (attempt_new_session): its result is the token, or False if not
+ * begun by the deadline. */
 static PyObject *alock_begin_session_attempt(PyObject *self, PyObject *const *args,
                                              Py_ssize_t nargs)
 {
@@ -186,7 +186,7 @@ static PyMethodDef alock_methods[] = {
     {"_attempt", FASTCALL(alock_attempt), METH_FASTCALL,
      "_attempt($self, kind, deadline, flags=0, now=False, /)\n--\n\nAn awaitable of bool."},
     {"_begin_session_attempt", FASTCALL(alock_begin_session_attempt), METH_FASTCALL,
-     "_begin_session_attempt($self, deadline, ttl_ns, /)\n--\n\nAn awaitable of a token, None or False."},
+     "_begin_session_attempt($self, deadline, ttl_ns, /)\n--\n\nbegin_session whole: an awaitable of a token, or False on timeout."},
     {"_bind", alock_bind, METH_O, "_bind($self, lock, /)\n--\n\nThe RWLock this object works on."},
     {NULL, NULL, 0, NULL},
 };

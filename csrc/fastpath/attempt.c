@@ -90,6 +90,13 @@ void attempt_init(attempt_t *a, const LockObject *lock, int kind, uint32_t flags
     attempt_reset(a, kind, flags, deadline, shared);
 }
 
+/* The attempt, granted (nothing pending), goes on as an attempt of another
+ * kind with the same deadline: begin_session's steps (awaitable.c). */
+void attempt_rekind(attempt_t *a, int kind)
+{
+    attempt_reset(a, kind, 0, a->deadline, a->w.shared_thread);
+}
+
 /* Withdraw the attempt's registrations, if it may hold any (those made
  * before a fork are the parent's: forgotten, see above). */
 void attempt_cancel(attempt_t *a)

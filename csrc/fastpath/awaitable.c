@@ -8,8 +8,8 @@
  * Longer than the size guide because one object owns one attempt's whole
  * asyncio life (its coroutine protocol, its park and wake-up, a second
  * awaiter refused, withdrawal on throw/close/collection, a grant given back
- * when its result cannot be made, begin_session's pin straight after its
- * grant); split, each piece would reach into the others' state.
+ * when its result cannot be made, begin_session's steps with its pin
+ * straight after its grant); split, each piece would reach into the others' state.
  */
 #include "fastpath.h"
 
@@ -216,7 +216,7 @@ typedef struct {
     const char *what;           /* the call, for messages */
     int state;
     int sent;                   /* awaited (sent) at least once */
-    int session;                /* begin_session's update: granted, pin and release */
+    int session;                /* begin_session whole (session_step) */
     int64_t session_ttl;        /* ... the session's ttl_ns */
 } AttemptObject;
 
@@ -272,17 +272,44 @@ PyObject *attempt_new(PyObject *lock, PyObject *hold, int kind, uint32_t flags,
     return (PyObject *)o;
 }
 
-/* begin_session's update attempt: granted, it pins the pause and releases
- * the hold at once (session_pin_held); its result is the token, None
- * (another session pinned first) or False (timed out). */
+/* begin_session whole as one attempt (session_step): its result is the
+ * token, or False (not begun by the deadline). */
 PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns)
 {
-    PyObject *o = attempt_new(lock, NULL, SHL_KIND_UPDATE, 0, deadline, 0, "begin_session");
+    PyObject *o = attempt_new(lock, NULL, SHL_KIND_UNPINNED, 0, deadline, 0, "begin_session");
     if (o != NULL) {
         ((AttemptObject *)o)->session = 1;
         ((AttemptObject *)o)->session_ttl = ttl_ns;
     }
     return o;
+}
+
+/*
+ * begin_session's next step, the current one granted.  The wait until no
+ * session pins the pause becomes the update attempt (same deadline, same
+ * parking record: the next park registers the new waiter).  The update
+ * granted, the pin and the release follow at once (session_pin_held): no
+ * Python code runs while the hold is held and nobody has seen it.  Another
+ * session pinned between the wait and the pin (None): back to the wait.
+ * 1 with *out the token, 0 go on (try the new step), -1 exception set
+ * (the hold released).
+ */
+static int session_step(AttemptObject *o, PyObject **out)
+{
+    if (o->a.w.kind == SHL_KIND_UNPINNED) {
+        attempt_rekind(&o->a, SHL_KIND_UPDATE);
+        return 0;
+    }
+    PyObject *token = session_pin_held(o->lock, o->session_ttl);
+    if (token == NULL)
+        return -1;
+    if (token != Py_None) {
+        *out = token;
+        return 1;
+    }
+    Py_DECREF(token);
+    attempt_rekind(&o->a, SHL_KIND_UNPINNED);
+    return 0;
 }
 
 /* Forget the parking record (its timer, its watcher registration), with any
@@ -320,10 +347,6 @@ static int attempt_finish(AttemptObject *o, int r, PyObject **out)
     o->state = A_DONE;
     forget_parked(o);
     if (r == SHL_OK) {
-        if (o->session) {       /* no Python code between the grant and the pin */
-            *out = session_pin_held(o->lock, o->session_ttl);
-            return *out != NULL ? 0 : -1;
-        }
         *out = o->hold ? o->hold : Py_True;
         Py_INCREF(*out);
         return 0;
@@ -402,6 +425,15 @@ static int attempt_step(AttemptObject *o, PyObject **out)
         break;
     }
     for (;;) {
+        while (r == SHL_OK && o->session) {     /* begin_session: its next step */
+            int step = session_step(o, out);
+            if (step != 0) {
+                o->state = A_DONE;
+                forget_parked(o);
+                return step > 0 ? 0 : -1;
+            }
+            r = attempt_try_held(&o->a);
+        }
         if (r == SHL_AGAIN && attempt_past(&o->a)) {
             attempt_cancel(&o->a);
             r = SHL_TIMEDOUT;

@@ -253,6 +253,7 @@ PyObject *session_pin_held(PyObject *lock, int64_t ttl_ns);
 PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns);
 int attempt_past(attempt_t *a);
 void attempt_cancel(attempt_t *a);
+void attempt_rekind(attempt_t *a, int kind);
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what);
 int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,

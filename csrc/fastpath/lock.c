@@ -37,10 +37,12 @@ static PyObject *lock_wait_drained(PyObject *self, PyObject *const *args, Py_ssi
     return lock_wait_kind(self, SHL_KIND_DRAINED, args, nargs, kwnames);
 }
 
-/* _begin_session_block(deadline, ttl_ns): the update hold of begin_session,
- * then at once (in C: no Python code in between) the pin and the release
- * (session_pin_held): the token, None if another session pinned first, or
- * False if the update was not had by the deadline. */
+/* _begin_session_block(deadline, ttl_ns): begin_session whole, as one
+ * blocking attempt until the deadline: wait until no session pins the
+ * pause, take the update hold, then at once (in C: no Python code in
+ * between) pin the pause and release the hold (session_pin_held).  Another
+ * session that pins between the wait and the pin sends it back to the wait.
+ * The token, or False if not begun by the deadline. */
 static PyObject *lock_begin_session_block(PyObject *self, PyObject *const *args,
                                           Py_ssize_t nargs)
 {
@@ -52,17 +54,24 @@ static PyObject *lock_begin_session_block(PyObject *self, PyObject *const *args,
     long long ttl_ns = PyLong_AsLongLong(args[1]);
     if (PyErr_Occurred())
         return NULL;
-    int r = attempt_block(self, SHL_KIND_UPDATE, 0, (int64_t)deadline, "begin_session");
-    if (r < 0)
-        return NULL;
-    if (r == 0)
-        Py_RETURN_FALSE;
-    return session_pin_held(self, (int64_t)ttl_ns);
+    for (;;) {
+        int r = attempt_block(self, SHL_KIND_UNPINNED, 0, (int64_t)deadline, "begin_session");
+        if (r == 1)
+            r = attempt_block(self, SHL_KIND_UPDATE, 0, (int64_t)deadline, "begin_session");
+        if (r < 0)
+            return NULL;
+        if (r == 0)
+            Py_RETURN_FALSE;
+        PyObject *token = session_pin_held(self, (int64_t)ttl_ns);
+        if (token != Py_None)
+            return token;       /* the token, or NULL with the exception set */
+        Py_DECREF(token);
+    }
 }
 
 /* _attempt_block(kind, deadline, flags=0) -> bool: the blocking attempt of
  * any kind, until an absolute deadline (from deadline_ns), for the calls
- * Python composes (resume, begin_session). */
+ * Python composes (resume). */
 static PyObject *lock_attempt_block(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 2 || nargs > 3) {
@@ -234,7 +243,7 @@ static PyMethodDef lock_methods[] = {
      "wait_drained($self, /, timeout=None)\n--\n\nWait until no read hold exists in any process; "
      "False on timeout."},
     {"_begin_session_block", FASTCALL(lock_begin_session_block), METH_FASTCALL,
-     "_begin_session_block($self, deadline, ttl_ns, /)\n--\n\nA token, None (pinned first) or False."},
+     "_begin_session_block($self, deadline, ttl_ns, /)\n--\n\nbegin_session whole: a token, or False on timeout."},
     {"_attempt_block", FASTCALL(lock_attempt_block), METH_FASTCALL,
      "_attempt_block($self, kind, deadline, flags=0, /)\n--\n\nA blocking attempt of any kind: a bool."},
     {"_fast_bind", lock_bind, METH_O,
