@@ -21,7 +21,7 @@ blocking call makes too), awaited on the event-loop thread.
    cancelled writer was blocking get in at once.
 """
 import asyncio
-from typing import TYPE_CHECKING, Any, Awaitable, ContextManager, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, NoReturn, Optional
 
 from . import _fastpath
 from ._args import DEFAULT_MODE, check_bool
@@ -30,14 +30,10 @@ from ._park import notify_closing
 from ._shmlock import lib
 from .errors import ManagedLockError, managed_error
 from .holds import hold_repr, hold_would_wait, own_holds
-from .info import LockInfo, SessionInfo
 from .lock import (
     DEFAULT_SESSION_TTL,
-    FencedUpdate,
     RWLock,
-    _Attached,
-    _reopen,
-    _token,
+    _NonWaitingMembers,
     no_plain_with,
     session_timeout,
     session_ttl_ns,
@@ -93,7 +89,7 @@ class AsyncHold(_fastpath.Hold):
         return hold_repr(self, "AsyncHold")
 
 
-class AsyncRWLock(_fastpath.AsyncLock):
+class AsyncRWLock(_fastpath.AsyncLock, _NonWaitingMembers):
     """The asyncio view of a shared lock: same segment, same semantics as
     :class:`RWLock` (a process may hold both views of one name; holds belong
     to the process either way).
@@ -193,34 +189,6 @@ class AsyncRWLock(_fastpath.AsyncLock):
             raise session_timeout(self.name, timeout)
         return int(token)
 
-    def end_session(self, token: int, *, lost: bool = False) -> None:
-        """End the update session ``token`` (see RWLock.end_session)."""
-        self._lock.end_session(token, lost=lost)
-
-    @property
-    def session(self) -> Optional[SessionInfo]:
-        """The update session that pins the pause now, or None."""
-        return self._lock.session
-
-    @property
-    def fence(self) -> int:
-        """See RWLock.fence."""
-        return self._lock.fence
-
-    @property
-    def applied_update(self) -> int:
-        """See RWLock.applied_update."""
-        return self._lock.applied_update
-
-    def raise_fence(self, token: int) -> int:
-        """See RWLock.raise_fence."""
-        return self._lock.raise_fence(token)
-
-    def fenced_update(self, token: int, timeout: Optional[float] = None) -> FencedUpdate:
-        """``async with lock.fenced_update(token):`` (see RWLock.fenced_update)."""
-        _token(token)
-        return FencedUpdate(self._lock, token, self.update(timeout))
-
     def wait_resumed(self, timeout: Optional[float] = None) -> Awaitable[bool]:
         """Wait until the lock is not paused; False on timeout."""
         return self._attempt(lib.SHL_KIND_RESUMED, deadline_ns(timeout))
@@ -232,10 +200,9 @@ class AsyncRWLock(_fastpath.AsyncLock):
     # -- plain methods -------------------------------------------------
 
     # release_read(), release_write(), release_update() are the C base's.
-
-    def pause(self) -> bool:
-        """Close the gate everywhere; never blocks (see RWLock.pause)."""
-        return self._lock.pause()
+    # pause(), end_session(), session, fence, applied_update, raise_fence(),
+    # fenced_update(), info(), attached() and the refusal of `with lock:`
+    # are _NonWaitingMembers' (RWLock's too), on the RWLock of the C base.
 
     @property
     def paused(self) -> bool:
@@ -246,10 +213,6 @@ class AsyncRWLock(_fastpath.AsyncLock):
         """True if a write/update hold or any read hold exists anywhere
         (synchronous; ``await is_locked()`` is SGLang's spelling)."""
         return self._lock.is_locked()
-
-    def info(self) -> LockInfo:
-        """A snapshot of the lock (see RWLock.info)."""
-        return self._lock.info()
 
     def close(self) -> None:
         """Detach (see RWLock.close)."""
@@ -283,11 +246,6 @@ class AsyncRWLock(_fastpath.AsyncLock):
                     _signal.raise_signal(signum)
 
             _signal.signal(sig, handler)
-
-    def attached(self) -> ContextManager["AsyncRWLock"]:
-        """``async with AsyncRWLock(name).attached() as lock:`` (or ``with``):
-        the lock for the block, closed when it ends."""
-        return _Attached(self)
 
     def read(self, timeout: Optional[float] = None) -> AsyncHold:
         """``async with lock.read(timeout=1):`` - TimeoutError if not had in time."""
@@ -328,22 +286,12 @@ class AsyncRWLock(_fastpath.AsyncLock):
 
     # -- the lock itself is not a hold -----------------------------------
 
-    def __enter__(self) -> NoReturn:
-        """Refused with TypeError: ``with lock:`` would take no hold."""
-        raise no_plain_with(self, "with")
-
-    def __exit__(self, *exc: Any) -> None:
-        """Never reached: ``__enter__`` refuses."""
-
     async def __aenter__(self) -> NoReturn:
         """Refused with TypeError: ``async with lock:`` would take no hold."""
         raise no_plain_with(self, "async with")
 
     async def __aexit__(self, *exc: Any) -> None:
         """Never reached: ``__aenter__`` refuses."""
-
-    def __reduce__(self) -> Any:
-        return (_reopen, (type(self), self.name))
 
     def __repr__(self) -> str:
         if self._lock._att is None:

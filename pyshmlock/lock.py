@@ -10,7 +10,7 @@ opening and the per-process registry in ``_attachment``, hold objects in
 names are re-exported here, as before.
 """
 import warnings
-from typing import Any, ContextManager, NoReturn, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Tuple, TypeVar, Union
 
 # C fast path: RWLock subclasses _fastpath.Lock, whose methods
 # are the hold calls; importing _fastpath sets the base types up.
@@ -189,7 +189,133 @@ def _reopen(cls: type, name: str) -> Any:
     return cls(name, create=False)
 
 
-class RWLock(_fastpath.Lock):
+_L = TypeVar("_L", bound="_NonWaitingMembers")
+
+
+class _NonWaitingMembers:
+    """The members that never wait, written once for :class:`RWLock` and
+    :class:`~pyshmlock.AsyncRWLock`: each works on ``self._lock``, the RWLock
+    (the object itself for an RWLock; the C base's for an AsyncRWLock).
+    What waits differs between the two (a blocking call, an awaitable) and
+    is each class's own, as are ``close`` and ``paused``."""
+
+    name: str
+
+    if TYPE_CHECKING:
+        @property
+        def _lock(self) -> "RWLock": ...
+
+        def update(self, timeout: Optional[float] = None) -> Any: ...
+
+    # -- the pause gate ------------------------------------------------
+
+    def pause(self) -> bool:
+        """Close the gate: from now on no process gets a new read hold.
+
+        Never blocks; existing read holds stay.  Returns True if this call
+        paused the lock, False if it was already paused.
+        """
+        rc = lib.shl_pause(self._lock._h)
+        if rc < 0:
+            raise error_for(rc, "pause", self.name)
+        return rc == 1
+
+    # -- update sessions ---------------------------------------------
+
+    def end_session(self, token: int, *, lost: bool = False) -> None:
+        """End the update session ``token`` (any process may).  The gate stays
+        paused: resume() opens it.  SessionError if ``token`` is not the
+        current session (it ended, or expired: see info().recoveries).
+
+        ``lost=True`` ends it as lost, as its expiry would (for an operator
+        whose session's process died, `pyshmlock session end NAME`): the
+        data is marked suspect, so resume() refuses until a completed update
+        or a forced resume."""
+        check_bool(lost, "lost")
+        call = lib.shl_session_abort if lost else lib.shl_session_end
+        rc = call(self._lock._h, _token(token))
+        if rc != _OK:
+            raise error_for(rc, "end_session", self.name)
+
+    @property
+    def session(self) -> Optional[SessionInfo]:
+        """The update session that pins the pause now, or None."""
+        snap = ffi.new("shl_snapshot *")
+        rc = lib.shl_info(self._lock._h, snap)
+        if rc != _OK:
+            raise error_for(rc, "session", self.name)
+        return session_of(snap)
+
+    # -- fencing (cluster) ---------------------------------------------
+
+    @property
+    def fence(self) -> int:
+        """The highest fleet update token this lock has seen (0: none).  A
+        fenced update with an older token is refused (FencingError)."""
+        return self._fences()[0]
+
+    @property
+    def applied_update(self) -> int:
+        """The token of the last update completed through fenced_update."""
+        return self._fences()[1]
+
+    def _fences(self) -> Tuple[int, int]:
+        f, a = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        rc = lib.shl_fence_get(self._lock._h, f, a)
+        if rc != _OK:
+            raise error_for(rc, "fence", self.name)
+        return int(f[0]), int(a[0])
+
+    def raise_fence(self, token: int) -> int:
+        """Raise the fence to ``token`` (it never falls); returns the fence.
+        From then on a fenced update with an older token is refused."""
+        now = ffi.new("uint64_t *")
+        rc = lib.shl_fence_raise(self._lock._h, _token(token), now)
+        if rc != _OK:
+            raise error_for(rc, "raise_fence", self.name)
+        return int(now[0])
+
+    def fenced_update(self, token: int, timeout: Optional[float] = None) -> "FencedUpdate":
+        """``with lock.fenced_update(token):`` an update hold that refuses a
+        stale token.  It takes the update hold, then raises FencingError if
+        ``token`` is older than :attr:`fence` (a newer fleet update began:
+        the caller must not write); otherwise it raises the fence to
+        ``token``, and records ``applied_update = token`` when the block
+        completes without an exception.  Apply each chunk of an update
+        under its own fenced_update, so that none lands after a newer
+        update is known here."""
+        _token(token)
+        return FencedUpdate(self._lock, token, self.update(timeout))
+
+    # -- observability -------------------------------------------------
+
+    def info(self) -> LockInfo:
+        """A snapshot of the lock as seen by every process.
+
+        Looking also reclaims holds of processes found dead.
+        """
+        return attached_info(self._lock._handle(), self.name)
+
+    # -- lifetime ------------------------------------------------------
+
+    def attached(self: _L) -> ContextManager[_L]:
+        """``with RWLock(name).attached() as lock:`` (``async with`` for an
+        AsyncRWLock): the lock for the block, closed when it ends (like
+        contextlib.closing)."""
+        return _Attached(self)
+
+    def __enter__(self) -> NoReturn:
+        """Refused with TypeError: ``with lock:`` would take no hold."""
+        raise no_plain_with(self, "with")
+
+    def __exit__(self, *exc: Any) -> None:
+        """Never reached: ``__enter__`` refuses."""
+
+    def __reduce__(self) -> Any:
+        return (_reopen, (type(self), self.name))
+
+
+class RWLock(_fastpath.Lock, _NonWaitingMembers):
     """A reader/writer lock with a pause gate, shared by every process that
     opens the same name.
 
@@ -311,6 +437,11 @@ class RWLock(_fastpath.Lock):
         self.update_lock = SyncHold(self, lib.SHL_KIND_UPDATE, None)
         return self
 
+    @property
+    def _lock(self) -> "RWLock":
+        """The RWLock the shared members (_NonWaitingMembers) work on: this one."""
+        return self
+
     def _handle(self) -> Any:
         """The C handle, or ValueError if this object is closed.
 
@@ -330,17 +461,9 @@ class RWLock(_fastpath.Lock):
     # (_fastpath.Lock); they return True, or False on timeout.
 
     # -- the pause gate ------------------------------------------------
-
-    def pause(self) -> bool:
-        """Close the gate: from now on no process gets a new read hold.
-
-        Never blocks; existing read holds stay.  Returns True if this call
-        paused the lock, False if it was already paused.
-        """
-        rc = lib.shl_pause(self._h)
-        if rc < 0:
-            raise error_for(rc, "pause", self.name)
-        return rc == 1
+    # pause(), the session members, the fences, info(), attached() and the
+    # refusal of `with lock:` are _NonWaitingMembers' (shared with
+    # AsyncRWLock).
 
     def resume(self, timeout: Optional[float] = None, *, force: bool = False) -> bool:
         """Open the gate.  Waits while an update hold or an update session
@@ -391,71 +514,6 @@ class RWLock(_fastpath.Lock):
             raise session_timeout(self.name, timeout)
         return int(token)
 
-    def end_session(self, token: int, *, lost: bool = False) -> None:
-        """End the update session ``token`` (any process may).  The gate stays
-        paused: resume() opens it.  SessionError if ``token`` is not the
-        current session (it ended, or expired: see info().recoveries).
-
-        ``lost=True`` ends it as lost, as its expiry would (for an operator
-        whose session's process died, `pyshmlock session end NAME`): the
-        data is marked suspect, so resume() refuses until a completed update
-        or a forced resume."""
-        check_bool(lost, "lost")
-        call = lib.shl_session_abort if lost else lib.shl_session_end
-        rc = call(self._h, _token(token))
-        if rc != _OK:
-            raise error_for(rc, "end_session", self.name)
-
-    @property
-    def session(self) -> Optional[SessionInfo]:
-        """The update session that pins the pause now, or None."""
-        snap = ffi.new("shl_snapshot *")
-        rc = lib.shl_info(self._h, snap)
-        if rc != _OK:
-            raise error_for(rc, "session", self.name)
-        return session_of(snap)
-
-    # -- fencing (cluster) ---------------------------------------------
-
-    @property
-    def fence(self) -> int:
-        """The highest fleet update token this lock has seen (0: none).  A
-        fenced update with an older token is refused (FencingError)."""
-        return self._fences()[0]
-
-    @property
-    def applied_update(self) -> int:
-        """The token of the last update completed through fenced_update."""
-        return self._fences()[1]
-
-    def _fences(self) -> Tuple[int, int]:
-        f, a = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        rc = lib.shl_fence_get(self._h, f, a)
-        if rc != _OK:
-            raise error_for(rc, "fence", self.name)
-        return int(f[0]), int(a[0])
-
-    def raise_fence(self, token: int) -> int:
-        """Raise the fence to ``token`` (it never falls); returns the fence.
-        From then on a fenced update with an older token is refused."""
-        now = ffi.new("uint64_t *")
-        rc = lib.shl_fence_raise(self._h, _token(token), now)
-        if rc != _OK:
-            raise error_for(rc, "raise_fence", self.name)
-        return int(now[0])
-
-    def fenced_update(self, token: int, timeout: Optional[float] = None) -> "FencedUpdate":
-        """``with lock.fenced_update(token):`` an update hold that refuses a
-        stale token.  It takes the update hold, then raises FencingError if
-        ``token`` is older than :attr:`fence` (a newer fleet update began:
-        the caller must not write); otherwise it raises the fence to
-        ``token``, and records ``applied_update = token`` when the block
-        completes without an exception.  Apply each chunk of an update
-        under its own fenced_update, so that none lands after a newer
-        update is known here."""
-        _token(token)
-        return FencedUpdate(self, token, self.update(timeout))
-
     # paused (a property) is the C base's: one shared-memory load.
     # wait_resumed(timeout=None) and wait_drained(timeout=None) are the C
     # base's too: blocking attempts, interruptible by Ctrl-C like the holds.
@@ -489,13 +547,6 @@ class RWLock(_fastpath.Lock):
 
     # -- observability -------------------------------------------------
 
-    def info(self) -> LockInfo:
-        """A snapshot of the lock as seen by every process.
-
-        Looking also reclaims holds of processes found dead.
-        """
-        return attached_info(self._handle(), self.name)
-
     @staticmethod
     def observe(name: str) -> LockInfo:
         """A snapshot of the lock ``name`` without opening it: the same as
@@ -522,11 +573,6 @@ class RWLock(_fastpath.Lock):
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
 
-    def attached(self) -> ContextManager["RWLock"]:
-        """``with RWLock(name).attached() as lock:`` - the lock for the block,
-        closed when it ends (like contextlib.closing)."""
-        return _Attached(self)
-
     def __del__(self) -> None:
         """Dropped without close(): warn as an unclosed file does
         (ResourceWarning), and give this object's reference to the process's
@@ -545,16 +591,6 @@ class RWLock(_fastpath.Lock):
         except Exception:             # interpreter shutdown: nothing left to warn with
             pass
         _drop_attachment(att)
-
-    def __enter__(self) -> NoReturn:
-        """Refused with TypeError: ``with lock:`` would take no hold."""
-        raise no_plain_with(self, "with")
-
-    def __exit__(self, *exc: Any) -> None:
-        """Never reached: ``__enter__`` refuses."""
-
-    def __reduce__(self) -> Any:
-        return (_reopen, (type(self), self.name))
 
     def __repr__(self) -> str:
         if self._att is None:
