@@ -115,7 +115,9 @@ def test_empty_segment_does_not_stall_ls_or_status():
                 cli.main(argv)
             took = time.monotonic() - t0
             assert "never initialised" in out.getvalue() + err.getvalue()
-            assert took < 1.0, f"{argv} took {took:.1f} s on an empty segment"
+            # A stall is the core's wait for a creator, 2 s (OPEN_WAIT_NS):
+            # at least that long, however loaded the machine.
+            assert took < 2.0, f"{argv} took {took:.1f} s on an empty segment"
     finally:
         os.unlink(path)
 

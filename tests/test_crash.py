@@ -340,9 +340,7 @@ def test_random_kills_never_wedge_or_break_the_lock(lock, lock_name):
     assert kills >= 100
     assert reports == []
     assert lock.resume(2, force=True)   # killed updaters may have left the data suspect
-    t0 = time.monotonic()
     assert lock.acquire_write(1), "writer could not get in after the chaos"
-    assert time.monotonic() - t0 < 1
     info = lock.info()
     live = {os.getpid()}
     assert set(info.readers) <= live and set(info.attached_pids) <= live
@@ -410,9 +408,7 @@ def test_random_kills_of_asyncio_workers_never_wedge_or_break_the_lock(lock, loc
     assert kills >= 100
     assert [r for r in reports if r[0] in ("violation", "error")] == [], reports
     assert lock.resume(2, force=True)   # killed updaters may have left the data suspect
-    t0 = time.monotonic()
     assert lock.acquire_write(1), "writer could not get in after the chaos"
-    assert time.monotonic() - t0 < 1
     info = lock.info()
     live = {os.getpid()}
     assert set(info.readers) <= live and set(info.attached_pids) <= live

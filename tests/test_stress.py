@@ -1,6 +1,5 @@
 """Many processes mixing every operation while a shared-memory checker
 asserts the lock's invariants."""
-import time
 
 import pytest
 from checker import Checker, random_worker
@@ -20,9 +19,7 @@ def test_stress_many_processes_all_operations(lock, lock_name, children):
     assert checker.grants > 100, (total, checker.grants)
     # Afterwards the lock is whole: nothing held, nobody waiting, writer gets in.
     assert lock.resume(2)
-    t0 = time.monotonic()
-    assert lock.acquire_write(1)
-    assert time.monotonic() - t0 < 1
+    assert lock.acquire_write(1)      # False after 1 s: a wedged lock fails here
     lock.release_write()
     info = lock.info()
     assert not info.readers and not info.waiters and not info.queued_readers
