@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from pyshmlock import benchmark
+from pyshmlock_lab import bench
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +36,7 @@ def test_cli_bench_quick_writes_json(tmp_path):
 
 
 def test_uncontended_section_reports_pyshmlock_peers_and_floors():
-    rows = benchmark.uncontended(rounds=3, n=200)
+    rows = bench.uncontended(rounds=3, n=200)
     for label in ("pyshmlock read pair", "pyshmlock with reader_lock", "pyshmlock write pair",
                   "pyshmlock paused", "multiprocessing.Lock pair"):
         assert rows[label]["median_ns"] > 0, label
@@ -56,7 +56,7 @@ def test_uncontended_section_reports_pyshmlock_peers_and_floors():
                 assert loop == "uvloop" and "uvloop is not installed" in row["error"], row
             else:
                 assert row["median_ns"] > 0 and row["vs_asyncio_lock"] > 0, (label, row)
-    report = benchmark.format_report({"uncontended": rows}, width=1000)  # content, not layout
+    report = bench.format_report({"uncontended": rows}, width=1000)  # content, not layout
     assert "uncontended calls" in report and "pyshmlock read pair" in report
     assert "x asyncio.Lock on its loop" in report
 
@@ -67,7 +67,7 @@ def test_instruction_counts_cover_every_uncontended_case():
     """callgrind counts each case's body in one child process; the counts are
     per iteration, net of the loop, and the report prints them beside the
     ratio to multiprocessing.Lock's pair."""
-    rows = benchmark.instructions(n=300)
+    rows = bench.instructions(n=300)
     assert "error" not in rows, rows
     for label in ("pyshmlock read pair", "pyshmlock read pair, timeout=5",
                   "pyshmlock write pair", "pyshmlock with reader_lock",
@@ -78,7 +78,7 @@ def test_instruction_counts_cover_every_uncontended_case():
     # them apart, so it counts the bodies and not the loop around them.
     assert (rows["floor: two bare C-API calls"]["instructions"]
             < rows["floor: two cffi calls"]["instructions"])
-    report = benchmark.format_report({"instructions": rows}, width=1000)
+    report = bench.format_report({"instructions": rows}, width=1000)
     assert "instructions per call" in report and "multiprocessing.Lock pair" in report
 
 
@@ -89,7 +89,7 @@ def test_a_wake_run_for_some_peers_leaves_no_segment_or_semaphore():
     semaphore in /dev/shm."""
     import os
 
-    from pyshmlock.harness.wake import pause_to_wake
+    from pyshmlock_lab.bench.wake import pause_to_wake
     mine = f"-{os.getpid()}-"
 
     def ours():

@@ -4,7 +4,8 @@ import fcntl
 import os
 from typing import Any, Callable, List
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
+
 from ._common import _name, _TempFile
 
 # ====================================================== read/write adapters
