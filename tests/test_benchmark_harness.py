@@ -97,3 +97,43 @@ def test_a_wake_run_for_some_peers_leaves_no_segment_or_semaphore():
     before = ours()
     pause_to_wake([1], 1, only="pyshmlock resume")
     assert ours() - before == set()
+
+
+# The optional peers, hidden from a fresh interpreter as if the `bench` extra
+# were not installed (an import of one raises ModuleNotFoundError).
+_PEERS_NOT_INSTALLED = """
+import json, sys
+PEERS = {"prwlock", "fasteners", "filelock", "posix_ipc", "sysv_ipc"}
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in PEERS:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, NotInstalled())
+from pyshmlock_lab.bench import kill_to_recovery, pause_to_wake, writer_starvation
+print(json.dumps({"starvation": writer_starvation(0.2), "wake": pause_to_wake([2], 3),
+                  "recovery": kill_to_recovery(2)}))
+"""
+
+
+def test_a_peer_not_installed_is_reported_as_such_not_run():
+    """Every peer of the multi-process sections is found missing in the
+    parent, before any process forks: its row says "not installed", and no
+    child dies on the import (filelock's writer-starvation adapter imported
+    it only after fork, so its children died with tracebacks and the row
+    read "0 writer entries")."""
+    import subprocess
+    p = subprocess.run([sys.executable, "-c", _PEERS_NOT_INSTALLED], capture_output=True,
+                       text=True, timeout=100, cwd="/")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    sections = json.loads(p.stdout)
+    for section in ("wake", "recovery"):
+        for label, row in sections[section].items():
+            if any(peer in label for peer in ("posix_ipc", "sysv", "fasteners", "filelock")):
+                assert str(row.get("error", "")).startswith("not installed"), (label, row)
+    rows = sections["starvation"]
+    assert rows["pyshmlock"]["writer_acquisitions"] > 0, rows
+    missing = {label: row for label, row in rows.items()
+               if label not in ("pyshmlock", "fcntl.flock")}
+    assert missing and all(row == {"error": f"not installed ({label})"}
+                           for label, row in missing.items()), rows
