@@ -28,7 +28,7 @@ warnings:
 # shadows the installed one.
 sanitize: warnings
 	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)
-	cp -r pyshmlock $(SAN_DIR)/ && rm -rf $(SAN_DIR)/pyshmlock/_shmlock.* $(SAN_DIR)/pyshmlock/_fast.* $(SAN_DIR)/pyshmlock/__pycache__
+	cp -r pyshmlock pyshmlock_lab $(SAN_DIR)/ && rm -rf $(SAN_DIR)/pyshmlock/_shmlock.* $(SAN_DIR)/pyshmlock/_fast.* $(SAN_DIR)/pyshmlock/__pycache__
 	PYSHMLOCK_SANITIZE=1 $(PYTHON) csrc/build_extensions.py $(SAN_DIR)
 	cd $(SAN_DIR) && \
 	  PYSHMLOCK_SANITIZED_RUN=1 LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \

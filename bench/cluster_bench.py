@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from clusterlab import Host, stop_hosts  # noqa: E402
 
 from pyshmlock.cluster import Cluster  # noqa: E402
-from pyshmlock.cluster.localetcd import LocalEtcd  # noqa: E402
+from pyshmlock_lab.cluster.localetcd import LocalEtcd  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 FIGURES = ["pause", "pause_drain", "resume_open", "update_enter", "update_exit"]

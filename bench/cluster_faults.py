@@ -53,7 +53,7 @@ from clusterlab import Host, now, stop_hosts  # noqa: E402
 
 import pyshmlock  # noqa: E402
 from pyshmlock.cluster import Cluster, ClusterError  # noqa: E402
-from pyshmlock.cluster.localetcd import LocalEtcd, in_netns  # noqa: E402
+from pyshmlock_lab.cluster.localetcd import LocalEtcd, in_netns  # noqa: E402
 
 FAULTS = ["agent-stop", "agent-kill", "host-cut", "member-stop", "leader-kill", "leader-cut",
           "racing", "stale-updater", "host-restart"]

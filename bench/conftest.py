@@ -82,9 +82,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 def _instructions(tr):
     """The same kind of cases counted in instructions (callgrind): exact, so
-    a change's cost shows the same on any machine (pyshmlock/harness/
+    a change's cost shows the same on any machine (pyshmlock_lab/bench/
     instructions.py; skipped, saying why, without valgrind)."""
-    from pyshmlock.benchmark import instructions
+    from pyshmlock_lab.bench import instructions
     rows = instructions()
     tr.section("instructions per call (callgrind), net of the loop, this run")
     if "error" in rows:

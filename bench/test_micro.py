@@ -6,7 +6,7 @@ summary at the end states each median as a ratio to the floor (two cffi calls
 doing one atomic operation each on a shared-memory word) and to
 posix_ipc.Semaphore's pair.  The floors (that one, and two calls of a bare
 METH_NOARGS C function) are not part of the installed lock: they are compiled
-on first use (pyshmlock/_floors.py) and skipped without a C compiler."""
+on first use (pyshmlock_lab/bench/floors.py) and skipped without a C compiler."""
 import asyncio
 import fcntl
 import multiprocessing as mp
@@ -17,7 +17,7 @@ import pytest
 from conftest import PAIRS_PER_ASYNC_CALL
 
 import pyshmlock
-from pyshmlock._floors import FloorUnavailable, capi_floor, cffi_floor
+from pyshmlock_lab.bench.floors import FloorUnavailable, capi_floor, cffi_floor
 
 
 def _floor(build):

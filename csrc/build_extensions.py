@@ -25,7 +25,7 @@ SANITIZE = os.environ.get("PYSHMLOCK_SANITIZE") == "1"
 
 
 # The lock core's API.  (The benchmark floors, csrc/floor.c and
-# csrc/floor_capi.c, are not built here: pyshmlock/_floors.py compiles them
+# csrc/floor_capi.c, are not built here: pyshmlock_lab/bench/floors.py compiles them
 # at run time.)
 HEADERS = ("shmlock.h",)
 # The core: every C file of csrc/core/, one concern each (see its internal.h).

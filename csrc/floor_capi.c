@@ -10,11 +10,11 @@
  * the fast path chose (see the METH_FASTCALL comment in fastpath/fastpath.h).
  *
  * callgrind_mark() does nothing under a name of its own: the instruction
- * counts (pyshmlock/harness/instructions.py) run the cases in one process
+ * counts (pyshmlock_lab/bench/instructions.py) run the cases in one process
  * under valgrind --tool=callgrind --dump-before=floor_callgrind_mark, so
  * that each call ends one counted part.
  *
- * Built only for benchmarking, at run time (pyshmlock/_floors.py), never
+ * Built only for benchmarking, at run time (pyshmlock_lab/bench/floors.py), never
  * into the installed package.  Same stable-ABI settings as the fast path.
  */
 #define Py_LIMITED_API 0x03090000

@@ -137,7 +137,7 @@ def _count(text: str) -> int:
 
 def _demo_workers(text: str) -> int:
     """argparse type: the demo's worker count (its locks' slots bound it)."""
-    from .demo.cluster import MAX_WORKERS
+    from pyshmlock_lab.demo.servers import MAX_WORKERS
     v = _count(text)
     if not 2 <= v <= MAX_WORKERS:
         raise argparse.ArgumentTypeError(f"the demo runs 2 to {MAX_WORKERS} workers, not {v}")
@@ -380,14 +380,14 @@ def _output_file(text: str) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import main as bench_main
+    from pyshmlock_lab.bench import main as bench_main
     bench_main(args.quick, args.json, args.png)
     return EXIT_OK
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     try:
-        from .demo import Stopped, run_demo
+        from pyshmlock_lab.demo import Stopped, run_demo
     except ImportError as e:
         raise _Fail(f"the demo needs {e.name}: pip install 'pyshmlock[demo]'") from None
     try:

@@ -3,7 +3,7 @@ optionally each host in its own network namespace (see netlab.py).
 
 A Host has a lock of its own, its agent (``python -m pyshmlock agent``) and
 worker processes that take read holds and log every admission
-(``pyshmlock.cluster._simhost``).  Everything is stopped by pid.
+(``pyshmlock_lab.cluster.simhost``).  Everything is stopped by pid.
 """
 import os
 import signal
@@ -16,7 +16,7 @@ import pytest
 from conftest import unique_name
 from helpers import remove_lock
 
-from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
+from pyshmlock_lab.cluster.localetcd import LocalEtcd, etcd_binary
 
 
 def now():
@@ -115,7 +115,7 @@ class Host:
                                    f"{self.id}.{name[-8:]}.w{len(self.logs)}.log")
                 self.logs.append(log)
                 self.log_lock[log] = name
-                args = [sys.executable, "-m", "pyshmlock.cluster._simhost", name, log,
+                args = [sys.executable, "-m", "pyshmlock_lab.cluster.simhost", name, log,
                         str(self.hold)]
                 if create:
                     args.append("create")

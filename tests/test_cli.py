@@ -77,3 +77,29 @@ def test_status_reports_recoveries(lock, lock_name, children):
     p = run("status", lock_name)
     assert f"pid {c.pid} died holding write" in p.stdout and "DATA SUSPECT" in p.stdout
     assert pyshmlock.RWLock  # the library and the CLI agree on the same segment
+
+
+# The demo's third-party modules, hidden from a fresh interpreter as if its
+# extra were not installed (an import of one raises ModuleNotFoundError).
+_WITHOUT_DEMO_EXTRA = """
+import runpy, sys
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {"fastapi", "uvicorn", "httpx"}:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, NotInstalled())
+sys.argv = ["pyshmlock", "demo", "--workers", "3"]
+runpy.run_module("pyshmlock", run_name="__main__")
+"""
+
+
+def test_demo_without_its_extra_names_the_extra_in_one_line():
+    """`pyshmlock demo` reaches the lab's demo lazily; without the `demo`
+    extra's modules it says which extra to install, before starting
+    anything, with no traceback."""
+    p = run_python("-c", _WITHOUT_DEMO_EXTRA, timeout=60)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert p.stderr.splitlines() == [
+        "pyshmlock: `pyshmlock demo` needs the 'demo' extra (missing: fastapi, uvicorn, "
+        "httpx): pip install 'pyshmlock[demo]'"], p.stderr

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pyshmlock.cluster.localetcd import etcd_binary
+from pyshmlock_lab.cluster.localetcd import etcd_binary
 
 if etcd_binary() is None and os.environ.get("PYSHMLOCK_REQUIRE_ETCD") != "1":
     pytest.skip("etcd is not installed (Debian: apt-get install etcd-server)",
@@ -79,7 +79,7 @@ def test_cluster_demo_signal_leaves_nothing(sig, tmp_path):
         p.wait(30)
         give_up = time.monotonic() + 10
         while True:
-            out = subprocess.run(["pgrep", "-af", "pyshmlock.cluster._simhost|pyshmlock agent"],
+            out = subprocess.run(["pgrep", "-af", "pyshmlock_lab.cluster.simhost|pyshmlock agent"],
                                  capture_output=True, text=True).stdout
             mine = [ln for ln in out.splitlines() if f"cdemo-{p.pid}-" in ln]
             etcds = _etcd_of(tmp_path)

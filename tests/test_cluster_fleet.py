@@ -18,7 +18,7 @@ import pytest
 from clusterlab import Host, fleet_of_hosts, now, require_etcd, stop_hosts, three_member_etcd
 from helpers import wait_for
 
-from pyshmlock.cluster.localetcd import LocalEtcd
+from pyshmlock_lab.cluster.localetcd import LocalEtcd
 
 require_etcd()
 

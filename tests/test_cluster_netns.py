@@ -14,7 +14,7 @@ import pytest
 from clusterlab import Host, now, stop_hosts
 from helpers import wait_for
 
-from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary, in_netns
+from pyshmlock_lab.cluster.localetcd import LocalEtcd, etcd_binary, in_netns
 
 if etcd_binary() is None or not netlab.available():
     if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1" and os.geteuid() == 0:

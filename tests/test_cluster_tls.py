@@ -15,7 +15,7 @@ import uuid
 import pytest
 from clusterlab import Host, stop_hosts
 
-from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
+from pyshmlock_lab.cluster.localetcd import LocalEtcd, etcd_binary
 
 if etcd_binary() is None or shutil.which("openssl") is None:
     if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":

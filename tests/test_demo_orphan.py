@@ -24,8 +24,8 @@ pytestmark = pytest.mark.timeout(90)
 MAIN = r"""
 import ctypes, os, sys, threading, time
 from pyshmlock import RWLock
-from pyshmlock.demo.scheduler import scheduler_main
-from pyshmlock.demo.state import CTX, engine_lock_name, new_state
+from pyshmlock_lab.demo.scheduler import scheduler_main
+from pyshmlock_lab.demo.state import CTX, engine_lock_name, new_state
 
 name, linger = sys.argv[1], float(sys.argv[2])
 locks = [RWLock(name), RWLock(engine_lock_name(name))]

@@ -157,10 +157,10 @@ def test_a_demo_that_cannot_start_its_processes_leaves_no_lock():
     workers check cannot foresee): the error, and nothing in /dev/shm."""
     code = textwrap.dedent("""
         import os, resource, sys
-        from pyshmlock.demo import Cluster
+        from pyshmlock_lab.demo import DemoServers
         resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
         try:
-            Cluster(30, "shared")
+            DemoServers(30, "shared")
         except OSError as e:
             print("refused", e.errno)
         print("pid", os.getpid())

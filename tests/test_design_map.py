@@ -1,7 +1,7 @@
 """DESIGN.md's map states the order of the code, and the code keeps it: no
 Python module imports one the map lists below it, every module of the
-package is in the map, and the C core's files call only within their tier
-of the map or below it."""
+package (and of the lab beside it, `pyshmlock_lab`) is in the map, and the
+C core's files call only within their tier of the map or below it."""
 import ast
 import os
 import re
@@ -9,10 +9,10 @@ import re
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGE = os.path.join(ROOT, "pyshmlock")
+PACKAGES = ("pyshmlock", "pyshmlock_lab")
 CORE = os.path.join(ROOT, "csrc", "core")
 # The package's face, above every row: it imports the public names.
-FACE = {"pyshmlock", "pyshmlock.__main__"}
+FACE = {"pyshmlock", "pyshmlock.__main__", "pyshmlock_lab"}
 
 
 def _section(title):
@@ -36,19 +36,19 @@ def _table_rows(text, header):
     return rows
 
 
-def python_rows():
-    """The map's Python rows, top to bottom: each a set of dotted prefixes
-    (`lock.py` is pyshmlock.lock; `cluster/` is pyshmlock.cluster and all
-    below it; `_fast` is the extension module)."""
+def python_rows(package="pyshmlock"):
+    """The map's Python rows for `package`, top to bottom: each a set of
+    dotted prefixes (`lock.py` is pyshmlock.lock; `cluster/` is
+    pyshmlock.cluster and all below it; `_fast` is the extension module)."""
     rows = []
-    for cells in _table_rows(_section("Map"), "module (`pyshmlock/`)"):
+    for cells in _table_rows(_section("Map"), f"module (`{package}/`)"):
         cell = cells[1]
         names = set()
         for token in re.findall(r"`([^`]+)`", cell):
             if token.endswith(".h") or " " in token:
                 continue
             token = token[:-3] if token.endswith(".py") else token.rstrip("/")
-            names.add("pyshmlock." + token.replace("/", "."))
+            names.add(f"{package}." + token.replace("/", "."))
         assert names, f"a map row names no module: {cell!r}"
         rows.append(names)
     return rows
@@ -59,8 +59,8 @@ def _module_name(path):
     return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
 
 
-def _modules():
-    for d, dirs, files in os.walk(PACKAGE):
+def _modules(package="pyshmlock"):
+    for d, dirs, files in os.walk(os.path.join(ROOT, package)):
         dirs[:] = sorted(x for x in dirs if x != "__pycache__")
         for f in sorted(files):
             if f.endswith(".py"):
@@ -84,7 +84,7 @@ def imports_of(path):
         if _is_type_checking(node):
             return
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == "pyshmlock")
+            found.update(a.name for a in node.names if a.name.split(".")[0] in PACKAGES)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -92,7 +92,7 @@ def imports_of(path):
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] == "pyshmlock":
+            if target.split(".")[0] in PACKAGES:
                 # `from . import x`: x may be a module, or a name of the package
                 found.update(f"{target}.{a.name}" for a in node.names)
                 found.add(target)
@@ -115,17 +115,19 @@ def _row_of(name, rows):
     return None if best is None else best[0]
 
 
-def test_the_map_places_every_module_of_the_package():
-    rows = python_rows()
-    missing = [_module_name(p) for p in _modules()
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_map_places_every_module_of_the_package(package):
+    rows = python_rows(package)
+    missing = [_module_name(p) for p in _modules(package)
                if _module_name(p) not in FACE and _row_of(_module_name(p), rows) is None]
     assert not missing, f"DESIGN.md's map does not place {missing}"
 
 
-def test_no_module_imports_one_the_map_lists_below_it():
-    rows = python_rows()
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_imports_one_the_map_lists_below_it(package):
+    rows = python_rows(package)
     upward = []
-    for path in _modules():
+    for path in _modules(package):
         me = _module_name(path)
         if me in FACE:
             continue

@@ -104,7 +104,7 @@ def test_main_pages_show_code_and_tables_whole_at_1280_px(layouts):
 
 @pytest.mark.timeout(400)
 def test_benchmark_chart_is_legible_on_the_page_and_linked_at_full_size(site, layouts):
-    from pyshmlock.harness.report import CHART_DPI, CHART_FONT_PT
+    from pyshmlock_lab.bench.report import CHART_DPI, CHART_FONT_PT
     rc, output, out = site
     html = (out / "benchmarks.html").read_text()
     assert '<a class="reference internal image-reference" href="_images/bench.png">' in html
@@ -159,7 +159,7 @@ def test_example_runs(block, tmp_path):
 
 @pytest.fixture(scope="module")
 def etcd():
-    from pyshmlock.cluster.localetcd import LocalEtcd, etcd_binary
+    from pyshmlock_lab.cluster.localetcd import LocalEtcd, etcd_binary
     if etcd_binary() is None:
         if os.environ.get("PYSHMLOCK_REQUIRE_ETCD") == "1":
             raise RuntimeError("PYSHMLOCK_REQUIRE_ETCD=1 but etcd is not installed")

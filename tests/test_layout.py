@@ -42,7 +42,7 @@ def test_c_file_is_named_in_readme_and_design(folder, name):
 
 
 def _sources():
-    for top in ("csrc", "pyshmlock"):
+    for top in ("csrc", "pyshmlock", "pyshmlock_lab"):
         for d, dirs, files in os.walk(os.path.join(ROOT, top)):
             dirs[:] = [x for x in dirs if x not in ("__pycache__", "demo")]
             for f in files:

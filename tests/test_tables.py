@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pyshmlock import benchmark
-from pyshmlock.demo import format_table
+from pyshmlock_lab import bench
+from pyshmlock_lab.demo import format_table
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -18,10 +18,10 @@ def _words(text):
 
 @pytest.mark.parametrize("width", [80, 100])
 def test_bench_table_fits(width):
-    res = {"pause_to_wake": benchmark.pause_to_wake([2], 3),
-           "kill_to_recovery": benchmark.kill_to_recovery(2)}
-    wide = benchmark.format_report(res, width=1000)
-    report = benchmark.format_report(res, width=width)
+    res = {"pause_to_wake": bench.pause_to_wake([2], 3),
+           "kill_to_recovery": bench.kill_to_recovery(2)}
+    wide = bench.format_report(res, width=1000)
+    report = bench.format_report(res, width=width)
     assert max(len(ln) for ln in report.splitlines()) <= width, report
     assert _words(report) == _words(wide)          # nothing lost, only wrapped
 

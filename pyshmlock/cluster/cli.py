@@ -102,7 +102,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_cluster_demo(args: Any) -> int:
-    from .demo import run_cluster_demo
+    from pyshmlock_lab.cluster.crosshost_demo import run_cluster_demo
     return EXIT_OK if run_cluster_demo(hosts=args.hosts, workers=args.workers) else EXIT_ERROR
 
 

@@ -13,7 +13,7 @@ HANG = 5.0                      # seconds after which a control call counts as h
 
 
 class Client:
-    """HTTP access to the cluster: the shared port and each worker's own port."""
+    """HTTP access to the demo servers: the shared port and each worker's own port."""
 
     def __init__(self, http: httpx.AsyncClient, shared_url: str, worker_urls: List[str]) -> None:
         self.http = http

@@ -115,7 +115,7 @@ def format_report(res: Dict[str, Any], width: Optional[int] = None) -> str:
         rows.append(("kill-to-recovery", key, f"median {r['median_us']:.0f} us, "
                      f"max {r['max_us']:.0f} us", ratio))
     rows.extend(footprint_rows(res.get("footprint", {})))
-    from .._table import format_table
+    from pyshmlock._table import format_table
     head = ("section", "case", "figure", "ratio")
     grouped, last = [], None
     for r in rows:

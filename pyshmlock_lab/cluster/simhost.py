@@ -1,7 +1,7 @@
 """A simulated host's worker: a process that keeps taking read holds on the
 host's lock and logs each admission (used by the cluster tests and demo).
 
-``python -m pyshmlock.cluster._simhost LOCK LOGFILE HOLD_S [create]``
+``python -m pyshmlock_lab.cluster.simhost LOCK LOGFILE HOLD_S [create]``
 
 Each admitted read appends ``<t_before> <t_admitted> <t_released>`` in
 CLOCK_MONOTONIC seconds (all simulated hosts share one machine, so their
@@ -20,7 +20,7 @@ import sys
 import time
 from typing import List
 
-from ..lock import RWLock
+from pyshmlock.lock import RWLock
 
 
 def main(argv: List[str]) -> int:

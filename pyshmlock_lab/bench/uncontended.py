@@ -6,8 +6,9 @@ import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..aio import AsyncRWLock
-from ..lock import RWLock, unlink
+from pyshmlock.aio import AsyncRWLock
+from pyshmlock.lock import RWLock, unlink
+
 from ._common import CTX, _name
 
 
@@ -72,7 +73,7 @@ def _uncontended_cases() -> Tuple[Dict[str, Tuple[str, Dict[str, Any]]], List[Ca
     try:
         import mmap
 
-        from .._floors import capi_floor, cffi_floor
+        from .floors import capi_floor, cffi_floor
         floor = cffi_floor()
         mem = mmap.mmap(-1, 4096)
         word = floor.ffi.cast("uint32_t *", floor.ffi.from_buffer(mem))

@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Any
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
 
 CTX = mp.get_context("fork")
 

@@ -11,8 +11,8 @@ gate and the model-update lock; `--backend local` runs the same server the way
 SGLang does it today (per-worker flags kept in step by a broadcast), so the
 same table shows where that breaks.
 """
-from .cluster import BACKENDS, Cluster, Stopped, wait_healthy
 from .run import SCENARIOS, Row, format_table, run_demo, run_scenarios
+from .servers import BACKENDS, DemoServers, Stopped, wait_healthy
 
-__all__ = ["BACKENDS", "SCENARIOS", "Cluster", "Row", "Stopped", "format_table", "run_demo",
+__all__ = ["BACKENDS", "SCENARIOS", "DemoServers", "Row", "Stopped", "format_table", "run_demo",
            "run_scenarios", "wait_healthy"]

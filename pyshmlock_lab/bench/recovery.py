@@ -7,7 +7,8 @@ import statistics
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
+
 from ._common import CTX, NO_WAITV_ENV, _join_all, _name, _TempFile, in_fresh_process
 
 # ========================================================== kill-to-recovery

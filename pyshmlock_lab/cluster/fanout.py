@@ -2,7 +2,7 @@
 ``POST /pause_generation`` and ``POST /continue_generation`` over HTTP, one
 server at a time (the "HTTP fan-out").  Used by ``pyshmlock cluster-demo``.
 
-``python -m pyshmlock.cluster._fanout LOCK PORTFILE``: serves on a free
+``python -m pyshmlock_lab.cluster.fanout LOCK PORTFILE``: serves on a free
 127.0.0.1 port, written to PORTFILE; a restarted server starts with a fresh,
 unpaused lock, like a restarted SGLang server with its in-process flag.
 """
@@ -16,7 +16,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
 
 
 def main(argv: List[str]) -> int:

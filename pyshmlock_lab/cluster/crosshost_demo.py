@@ -26,9 +26,9 @@ import urllib.request
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .._args import segment_path
-from ..lock import unlink
-from ._proc import spawn
+from pyshmlock._args import segment_path
+from pyshmlock.cluster._proc import spawn
+from pyshmlock.lock import unlink
 
 HOLD = 0.05           # a "request": a read hold of 50 ms
 TTL = 2
@@ -62,7 +62,7 @@ class SimHost:
             portfile = os.path.join(self.tmp, f"{self.lock_name}.port")
             if os.path.exists(portfile):
                 os.unlink(portfile)
-            self.ctl = spawn([sys.executable, "-m", "pyshmlock.cluster._fanout",
+            self.ctl = spawn([sys.executable, "-m", "pyshmlock_lab.cluster.fanout",
                               self.lock_name, portfile])
             give_up = _now() + 15
             while not os.path.exists(portfile):
@@ -79,12 +79,12 @@ class SimHost:
         for _ in range(self.nworkers):
             log = os.path.join(self.tmp, f"{self.lock_name}.w{len(self.logs)}")
             self.logs.append(log)
-            self.workers.append(spawn([sys.executable, "-m", "pyshmlock.cluster._simhost",
+            self.workers.append(spawn([sys.executable, "-m", "pyshmlock_lab.cluster.simhost",
                                        self.lock_name, log, str(HOLD)], env=self.env()))
 
     def env(self) -> Dict[str, str]:
         """The demo's hosts keep their host setting in the demo's temp dir."""
-        from .._hostconf import ENV
+        from pyshmlock._hostconf import ENV
         return dict(os.environ, **{ENV: os.path.join(self.tmp, "cluster.d")})
 
     def reads(self) -> List[Tuple[float, float, float]]:
@@ -179,7 +179,7 @@ class FanOut:
 
 class ViaCluster:
     def __init__(self, endpoints: List[str], name: str, who: str = "") -> None:
-        from ._sync import Cluster
+        from pyshmlock.cluster._sync import Cluster
         self.c = Cluster(endpoints, name, who=who or None)
 
     def pause(self) -> None:
@@ -294,7 +294,7 @@ def _fit(s: str, n: int) -> str:
 def measure_cost(endpoints: List[str], name: str, rounds: int = 15) -> Dict[str, float]:
     """Median cluster pause() for the registered hosts vs one etcd write RTT,
     both through the same client in the same run."""
-    from ._sync import Cluster
+    from pyshmlock.cluster._sync import Cluster
     c = Cluster(endpoints, name)
     e = c.a.etcd
     key = f"/pyshmlock/bench/{uuid.uuid4().hex}"

@@ -31,7 +31,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
-from ._proc import spawn
+from pyshmlock.cluster._proc import spawn
 
 __all__ = ["EtcdUnavailable", "LocalEtcd", "etcd_binary"]
 

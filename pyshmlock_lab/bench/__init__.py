@@ -23,18 +23,20 @@ Sections:
 
 Peers are optional: a peer whose package is missing is reported as such.
 
-The code lives in the package ``pyshmlock.harness``, one module per figure
-(``uncontended``, ``instructions``, ``throughput``, ``starvation``, ``wake``, ``recovery``),
-the peers' adapters (``adapters``) and the report (``report``: the table,
-JSON, chart and ``main``); this module keeps the names importable.
+One module per figure (``uncontended``, ``instructions``, ``throughput``,
+``starvation``, ``wake``, ``recovery``, ``footprint``), the peers' adapters
+(``adapters``), the measurement floors compiled at run time (``floors``)
+and the report (``report``: the table, JSON, chart and ``main``); this
+package's face re-exports the figures.  Not the pytest-benchmark
+microbenchmarks, which live in the source tree's top-level ``bench/``.
 """
-from .harness.instructions import instructions
-from .harness.recovery import kill_to_recovery
-from .harness.report import format_report, machine, main, run, save_chart
-from .harness.starvation import writer_starvation
-from .harness.throughput import read_throughput
-from .harness.uncontended import uncontended
-from .harness.wake import pause_to_wake
+from .instructions import instructions
+from .recovery import kill_to_recovery
+from .report import format_report, machine, main, run, save_chart
+from .starvation import writer_starvation
+from .throughput import read_throughput
+from .uncontended import uncontended
+from .wake import pause_to_wake
 
 __all__ = ["format_report", "instructions", "kill_to_recovery", "machine", "main",
            "pause_to_wake", "read_throughput", "run", "save_chart", "uncontended",

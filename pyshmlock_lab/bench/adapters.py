@@ -4,7 +4,8 @@ import fcntl
 import os
 from typing import Any, Callable, List
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
+
 from ._common import _name, _TempFile
 
 # ====================================================== read/write adapters
@@ -112,13 +113,18 @@ class _FilelockRW:
     label = "filelock"
 
     def __init__(self) -> None:
+        # Imported here, in the parent, so that a missing filelock is
+        # reported as such before any process forks; the lock itself is
+        # made in each process (filelock's lock is per process).
+        import filelock
+        self.filelock = filelock
         self.tmp = _TempFile()
         self.lock: Any = None
 
     def _lock(self) -> Any:
-        if self.lock is None:   # filelock's lock is per process: make it after fork
-            import filelock
-            self.lock = filelock.ReadWriteLock(self.tmp.path + ".lock", is_singleton=False)
+        if self.lock is None:   # made after fork, in the process that uses it
+            self.lock = self.filelock.ReadWriteLock(self.tmp.path + ".lock",
+                                                    is_singleton=False)
         return self.lock
 
     def read(self) -> None:

@@ -24,8 +24,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ..aio import AsyncRWLock
-from ..lock import RWLock
+from pyshmlock.aio import AsyncRWLock
+from pyshmlock.lock import RWLock
+
 from .state import (
     MODES,
     ORPHAN_WAIT_S,
@@ -430,7 +431,7 @@ def build_app(core: WorkerCore) -> Any:
     from fastapi import Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-    from ..metrics import LockCollector
+    from pyshmlock.metrics import LockCollector
     registry = CollectorRegistry(auto_describe=False)
     registry.register(LockCollector(core.lock_names))
 

@@ -1,4 +1,4 @@
-"""Running the demo: the scenarios in order against a :class:`Cluster`,
+"""Running the demo: the scenarios in order against a :class:`DemoServers`,
 the final table, and serving on with ``--keep-running``."""
 import asyncio
 import random
@@ -8,10 +8,10 @@ import textwrap
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from .cluster import (
+from .servers import (
     BACKENDS,
     MAX_WORKERS,
-    Cluster,
+    DemoServers,
     _raise_stopped,
     run_stoppable,
     wait_healthy,
@@ -34,7 +34,7 @@ SCENARIOS: List[Tuple[str, str]] = [
 ]
 
 
-async def run_scenarios(cluster: Cluster, requests: int, cycles: int,
+async def run_scenarios(servers: DemoServers, requests: int, cycles: int,
                         out: Callable[[str], None]) -> List[Row]:
     import httpx
 
@@ -43,16 +43,16 @@ async def run_scenarios(cluster: Cluster, requests: int, cycles: int,
     rows: List[Row] = []
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
     async with httpx.AsyncClient(limits=limits) as http:
-        c = sc.Client(http, cluster.shared_url, cluster.worker_urls)
+        c = sc.Client(http, servers.shared_url, servers.worker_urls)
         runs: List[Callable[[], Any]] = [
             lambda: sc.concurrent_while_paused(c, requests),
             lambda: sc.pause_and_update_reordered(c, rng),
-            lambda: sc.continue_during_update(c, cluster.state),
-            lambda: sc.unpaused_update_waits_for_all(c, cluster.state),
+            lambda: sc.continue_during_update(c, servers.state),
+            lambda: sc.unpaused_update_waits_for_all(c, servers.state),
             lambda: sc.abort_drains_every_worker(c),
             lambda: sc.many_pause_continue_cycles(c, cycles, rng),
-            lambda: sc.worker_started_while_paused(c, cluster.start_spare),
-            lambda: _sync(sc.no_violations(cluster.state)),
+            lambda: sc.worker_started_while_paused(c, servers.start_spare),
+            lambda: _sync(sc.no_violations(servers.state)),
         ]
         for (title, expected), run in zip(SCENARIOS, runs):
             out(f"  ... {title}")
@@ -77,7 +77,7 @@ async def _sync(value: Any) -> Any:
 
 def format_table(rows: List[Row], width: Optional[int] = None) -> str:
     """The final table, wrapped to fit width (default: the terminal, or 100)."""
-    from .._table import format_table as fit
+    from pyshmlock._table import format_table as fit
     head = ("scenario", "expected", "observed", "result", "time")
     body = [(r[0], r[1], r[2], "PASS" if r[3] else "FAIL", f"{r[4]:.1f} s") for r in rows]
     return fit(head, body, width)
@@ -102,37 +102,37 @@ def run_demo(workers: int = 4, backend: str = "shared", requests: int = 16, cycl
 
 def _run_demo(workers: int, backend: str, requests: int, cycles: int, keep_running: bool,
               out: Callable[[str], None], t0: float) -> bool:
-    cluster = Cluster(workers, backend)
+    servers = DemoServers(workers, backend)
     try:
-        cluster.start()
-        run_stoppable(wait_healthy(cluster.worker_urls))
-        from .._table import terminal_width
+        servers.start()
+        run_stoppable(wait_healthy(servers.worker_urls))
+        from pyshmlock._table import terminal_width
         out(textwrap.fill(f"pyshmlock demo: backend={backend}, {workers} workers on "
-                          f"{cluster.shared_url} (lock {cluster.name!r}), scheduler at "
+                          f"{servers.shared_url} (lock {servers.name!r}), scheduler at "
                           f"100 tokens/s per request", terminal_width(),
                           subsequent_indent="  ") + "\n")
-        rows = run_stoppable(run_scenarios(cluster, requests, cycles, out))
+        rows = run_stoppable(run_scenarios(servers, requests, cycles, out))
         out("")
         out(format_table(rows))
         passed = sum(r[3] for r in rows)
         out(f"\n{passed}/{len(rows)} scenarios passed on the {backend} backend "
             f"in {time.monotonic() - t0:.0f} s")
         if keep_running:
-            _serve_forever(cluster, out)
+            _serve_forever(servers, out)
         return passed == len(rows)
     finally:
-        cluster.shutdown()
+        servers.shutdown()
 
 
-def _serve_forever(cluster: Cluster, out: Callable[[str], None]) -> None:
+def _serve_forever(servers: DemoServers, out: Callable[[str], None]) -> None:
     out(f"\nserver left running; Ctrl-C to stop.\n"
-        f"  curl -s {cluster.shared_url}/health\n"
-        f"  curl -s -XPOST {cluster.shared_url}/generate -d '{{\"max_tokens\": 5}}'\n"
-        f"  pyshmlock status {cluster.name}\n"
-        f"  pyshmlock pause {cluster.name}; pyshmlock resume {cluster.name}\n"
-        f"  workers: {' '.join(cluster.worker_urls)}")
+        f"  curl -s {servers.shared_url}/health\n"
+        f"  curl -s -XPOST {servers.shared_url}/generate -d '{{\"max_tokens\": 5}}'\n"
+        f"  pyshmlock status {servers.name}\n"
+        f"  pyshmlock pause {servers.name}; pyshmlock resume {servers.name}\n"
+        f"  workers: {' '.join(servers.worker_urls)}")
     sys.stdout.flush()
     # Ctrl-C (KeyboardInterrupt) and SIGTERM/SIGHUP (Stopped) end this wait;
     # the caller's cleanup then stops every child.
-    while all(p.is_alive() for p in cluster.procs[:cluster.n + 1]):
+    while all(p.is_alive() for p in servers.procs[:servers.n + 1]):
         time.sleep(0.5)

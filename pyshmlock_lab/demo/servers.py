@@ -1,4 +1,4 @@
-"""The demo server's processes: :class:`Cluster` starts the uvicorn workers
+"""The demo server's processes: :class:`DemoServers` starts the uvicorn workers
 and the scheduler on loopback, addresses them, and stops them (with the
 signals that stop the demo, :class:`Stopped`)."""
 import asyncio
@@ -10,7 +10,8 @@ import time
 import uuid
 from typing import Any, Coroutine, List, Optional, TypeVar
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
+
 from .state import CTX, engine_lock_name, new_state
 
 BACKENDS = ("shared", "local")
@@ -99,7 +100,7 @@ def run_stoppable(coro: Coroutine[Any, Any, T]) -> T:
     return result
 
 
-class Cluster:
+class DemoServers:
     """The demo server's processes and addresses."""
 
     def __init__(self, workers: int, backend: str) -> None:

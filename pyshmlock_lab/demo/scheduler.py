@@ -17,7 +17,8 @@ import signal
 import time
 from typing import Any, Dict, List
 
-from ..lock import RWLock
+from pyshmlock.lock import RWLock
+
 from .state import (
     MODES,
     ORPHAN_WAIT_S,

@@ -6,7 +6,8 @@ import time
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
-from ..lock import RWLock, unlink
+from pyshmlock.lock import RWLock, unlink
+
 from ._common import CTX, NO_WAITV_ENV, _join_all, _make, _name, _pct, in_fresh_process
 
 # ============================================================= pause-to-wake
@@ -87,7 +88,7 @@ class _PyshmlockAsyncGate(_PyshmlockGate):
     def block(self) -> float:
         import asyncio
 
-        from ..aio import AsyncRWLock
+        from pyshmlock.aio import AsyncRWLock
         if getattr(self, "loop", None) is None:      # one loop per waiter process
             self.loop = asyncio.new_event_loop()
             self.alock = AsyncRWLock(self.name)
@@ -147,7 +148,7 @@ class _FutexGate:
     def __init__(self) -> None:
         import mmap
 
-        from .._floors import cffi_floor  # built for benchmarking only
+        from .floors import cffi_floor  # built for benchmarking only
         floor = cffi_floor()
         ffi, self.lib = floor.ffi, floor.lib
         self.mem = mmap.mmap(-1, 4096)      # anonymous shared: inherited by fork

@@ -60,11 +60,11 @@ NO_WAITV_ENV = "PYSHMLOCK_NO_FUTEX_WAITV"
 def in_fresh_process(module: str, func: str, *args: Any,
                      env: Optional[Dict[str, str]] = None,
                      timeout: float = 900) -> Dict[str, Any]:
-    """Run ``pyshmlock.harness.<module>.<func>(*args)`` in a new interpreter
+    """Run ``pyshmlock_lab.bench.<module>.<func>(*args)`` in a new interpreter
     with ``env`` added to the environment, and return its result (a dict
     of JSON values)."""
     code = ("import json, sys\n"
-            f"from pyshmlock.harness.{module} import {func}\n"
+            f"from pyshmlock_lab.bench.{module} import {func}\n"
             f"print('RESULT ' + json.dumps({func}(*json.loads(sys.argv[1]))))\n")
     run = subprocess.run([sys.executable, "-c", code, json.dumps(list(args))],
                          capture_output=True, text=True, timeout=timeout,

@@ -21,11 +21,12 @@ import tempfile
 from types import ModuleType
 from typing import Any, Dict, List, Optional
 
-# The floor sources: beside the package in a checkout (an editable install),
-# or wherever PYSHMLOCK_CSRC points (an installed package run from a checkout,
+# The floor sources: at the top of the checkout this package sits in (an
+# editable install: pyshmlock_lab/bench/floors.py, two folders up), or
+# wherever PYSHMLOCK_CSRC points (an installed package run from a checkout,
 # as CI's tests do).
 CSRC = os.environ.get("PYSHMLOCK_CSRC") or os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc")
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "csrc")
 
 _loaded: Dict[str, ModuleType] = {}
 

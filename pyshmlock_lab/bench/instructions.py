@@ -37,7 +37,7 @@ def _child(n: int) -> None:
     in order (the empty loop first); print the labels, one per line."""
     import gc
 
-    from .._floors import capi_floor
+    from .floors import capi_floor
     from .uncontended import _async_loop, _uncontended_cases
     mark = capi_floor().callgrind_mark
     cases, cleanups = _uncontended_cases()
@@ -94,7 +94,7 @@ def instructions(n: int = 2000, timeout: float = 600.0) -> Dict[str, Any]:
     if shutil.which("valgrind") is None:
         return {"error": "skipped: valgrind is not installed (apt-get install valgrind)"}
     try:
-        from .._floors import capi_floor
+        from .floors import capi_floor
         capi_floor()           # built here, not under valgrind
     except ImportError as e:
         return {"error": f"skipped: the mark needs the floor module ({e.name} unavailable)"}
@@ -103,7 +103,7 @@ def instructions(n: int = 2000, timeout: float = 600.0) -> Dict[str, Any]:
         cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                f"--dump-before={MARK}", "--dump-instr=no",
                sys.executable, "-c",
-               f"from pyshmlock.harness.instructions import _child; _child({n})"]
+               f"from pyshmlock_lab.bench.instructions import _child; _child({n})"]
         env = dict(os.environ, PYTHONHASHSEED="0")
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
