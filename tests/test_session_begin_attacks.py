@@ -13,11 +13,13 @@ an attempt's wait until unpinned and its own pin (the core's own
 shl_session_pin, called by a process that holds the update hold, exactly as
 a competing begin_session does)."""
 import asyncio
+import os
+import threading
 import time
 
 import pytest
 from conftest import FORK
-from helpers import wait_for
+from helpers import wait_for, wait_until_waiting
 from holders import hold_until_told
 
 import pyshmlock
@@ -172,3 +174,109 @@ def test_an_asyncio_session_attempt_ended_in_each_step_leaves_nothing(
     assert_clean(lock, other)
     lock.close()
 
+
+# ------------------------------------------- closing the lock while it waits
+
+@pytest.mark.parametrize("which", STEPS)
+@pytest.mark.parametrize("last", [True, False], ids=["last-close", "other-object-open"])
+def test_closing_an_asyncio_lock_while_a_session_attempt_waits_leaks_no_hold(
+        lock_name, children, which, last):
+    """close() of the AsyncRWLock while its begin_session task is parked:
+    the last close of the segment in this process refuses
+    (LockInUseError); a close while another object of the segment stays
+    open closes only that object, and the attempt goes on through the
+    segment's handle.  Either way the task ends with a session begun or an
+    error, never with the update hold held unseen."""
+    lock = pyshmlock.RWLock(lock_name)
+    step = Step(which, lock_name, children)
+    step.block(lock)
+    if last:
+        lock.close()       # the AsyncRWLock's is the last object of the segment
+    alock = pyshmlock.AsyncRWLock(lock_name)
+
+    async def main():
+        task = asyncio.create_task(alock.begin_session(ttl=30, timeout=20))
+        await step.reach(task)
+        if last:
+            with pytest.raises(pyshmlock.LockInUseError):
+                alock.close()
+        else:
+            alock.close()
+        return task
+
+    async def finish(task):
+        try:
+            return await task
+        except ValueError:
+            return None
+
+    loop = asyncio.new_event_loop()
+    try:
+        task = loop.run_until_complete(main())
+        if step.which == "unpinned":
+            (alock if last else lock).end_session(step.other_session)
+            step.other_session = None
+        other = step.finish()
+        if step.which == "bounced":
+            (alock if last else lock).end_session(other)
+            other = None
+        got = loop.run_until_complete(asyncio.wait_for(finish(task), 20))
+    finally:
+        loop.close()
+    if last:
+        alock.close()
+        lock = pyshmlock.RWLock(lock_name)
+    assert_clean(lock, got)
+    lock.close()
+
+
+@pytest.mark.parametrize("which", ["unpinned", "update"])
+@pytest.mark.parametrize("last", [True, False], ids=["last-close", "other-object-open"])
+def test_closing_a_lock_while_another_thread_waits_in_its_begin_session_leaks_no_hold(
+        lock_name, children, which, last):
+    """Another thread closes the RWLock a thread waits in begin_session on:
+    the last close of the segment refuses (LockInUseError, the wait goes
+    on); a close while another object of the segment stays open closes that
+    object, and the waiting thread ends with a session begun or ValueError,
+    never with the update hold held unseen."""
+    other = pyshmlock.RWLock(lock_name)
+    step = Step(which, lock_name, children)
+    step.block(other)
+    lock = pyshmlock.RWLock(lock_name)
+    if last:
+        other.close()
+    got = []
+
+    def waiter():
+        try:
+            got.append(lock.begin_session(ttl=30, timeout=20))
+        except BaseException as e:     # reported below
+            got.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    try:
+        wait_until_waiting(lock if last else other, os.getpid())
+        if last:
+            with pytest.raises(pyshmlock.LockInUseError):
+                lock.close()
+        else:
+            lock.close()
+    finally:
+        if step.which == "unpinned":
+            (lock if last else other).end_session(step.other_session)
+            step.other_session = None
+        step.finish()
+        t.join(25)
+    assert not t.is_alive()
+    assert len(got) == 1
+    if isinstance(got[0], BaseException):
+        assert isinstance(got[0], ValueError) and not last, got
+        token = None
+    else:
+        token = got[0]
+    if last:
+        lock.close()
+        other = pyshmlock.RWLock(lock_name)
+    assert_clean(other, token)
+    other.close()
