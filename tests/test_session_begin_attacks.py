@@ -12,14 +12,18 @@ processes, and a session pinned by another process in the window between
 an attempt's wait until unpinned and its own pin (the core's own
 shl_session_pin, called by a process that holds the update hold, exactly as
 a competing begin_session does)."""
+import _thread
 import asyncio
+import gc
 import os
+import random
+import signal
 import threading
 import time
 
 import pytest
 from conftest import FORK
-from helpers import wait_for, wait_until_waiting
+from helpers import reap, wait_for, wait_until_waiting
 from holders import hold_until_told
 
 import pyshmlock
@@ -135,10 +139,13 @@ class Step:
 STEPS = ["unpinned", "update", "bounced"]
 
 
-@pytest.mark.parametrize("which", STEPS)
-@pytest.mark.parametrize("how", ["cancel", "timeout", "notify_closing"])
+# (wait_for's timeout cannot be moved to land after the bounce: an
+# asyncio.timeout rescheduled there covers that step.)
+@pytest.mark.parametrize("how,which", [
+    (how, which) for how in ["cancel", "timeout", "wait_for", "notify_closing"]
+    for which in STEPS if (how, which) != ("wait_for", "bounced")])
 def test_an_asyncio_session_attempt_ended_in_each_step_leaves_nothing(
-        lock_name, children, which, how):
+        lock_name, children, how, which):
     lock = pyshmlock.RWLock(lock_name)
     alock = pyshmlock.AsyncRWLock(lock_name)
     step = Step(which, lock_name, children)
@@ -156,6 +163,12 @@ def test_an_asyncio_session_attempt_ended_in_each_step_leaves_nothing(
             box[0].reschedule(asyncio.get_running_loop().time())   # expires now
             with pytest.raises(TimeoutError):
                 await task
+            return
+        if how == "wait_for":
+            # The step is in place before the call and stays until after:
+            # the timeout lands in it whenever it fires.
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(alock.begin_session(ttl=30), 0.2)
             return
         task = asyncio.create_task(alock.begin_session(ttl=30))
         await step.reach(task)
@@ -280,3 +293,332 @@ def test_closing_a_lock_while_another_thread_waits_in_its_begin_session_leaks_no
         other = pyshmlock.RWLock(lock_name)
     assert_clean(other, token)
     other.close()
+
+
+# ------------------------------------------------ one deadline for every step
+
+def test_an_asyncio_session_attempt_that_bounces_keeps_its_first_deadline(
+        lock_name, children):
+    """Parked for the update until half its timeout, then sent back to the
+    wait until unpinned by a session another process pinned first: it times
+    out at its one deadline, not a whole timeout after the bounce."""
+    lock = pyshmlock.RWLock(lock_name)
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    step = Step("bounced", lock_name, children)
+    step.block(lock)
+    T = 3.0
+
+    async def main():
+        t0 = time.monotonic()
+        task = asyncio.create_task(alock.begin_session(ttl=30, timeout=T))
+        await until_parked(task, lib.SHL_KIND_UPDATE)
+        await asyncio.sleep(max(0.0, t0 + T / 2 - time.monotonic()))   # the bounce, late
+        bounced_at = time.monotonic() - t0
+        await step.reach(task)
+        with pytest.raises(TimeoutError):
+            await task
+        return bounced_at, time.monotonic() - t0
+
+    bounced_at, took = asyncio.run(main())
+    other = step.finish()
+    alock.close()
+    # A deadline restarted at the bounce would end at bounced_at + T (>= 1.5 T).
+    assert T <= took < bounced_at + T - 0.5, (bounced_at, took)
+    assert_clean(lock, other)
+    lock.close()
+
+
+def test_a_blocking_session_attempt_that_bounces_keeps_its_first_deadline(
+        lock_name, children):
+    """As the asyncio one, for the blocking attempt."""
+    lock = pyshmlock.RWLock(lock_name)
+    step = Step("bounced", lock_name, children)
+    step.block(lock)
+    T = 3.0
+    t0 = time.monotonic()
+    bounced = []
+
+    def bounce():
+        wait_until_waiting(lock, os.getpid())          # in the update step
+        time.sleep(max(0.0, t0 + T / 2 - time.monotonic()))
+        bounced.append(time.monotonic() - t0)
+        step.cmd.put("pin")
+        step.other_session = step.child.get()
+
+    t = threading.Thread(target=bounce)
+    t.start()
+    try:
+        with pytest.raises(TimeoutError):
+            lock.begin_session(ttl=30, timeout=T)
+        took = time.monotonic() - t0
+    finally:
+        t.join(30)
+    assert T <= took < bounced[0] + T - 0.5, (bounced, took)
+    assert_clean(lock, step.finish())
+    lock.close()
+
+
+# -------------------------------------------- a parked attempt dropped (GC)
+
+@pytest.mark.parametrize("which", STEPS)
+def test_a_parked_session_attempt_dropped_by_its_driver_leaves_nothing(
+        lock_name, children, which):
+    """The attempt driven by hand (send) until it parks in the step, then
+    dropped with the future it yielded: nobody will resume it, and it
+    withdraws as it goes."""
+    lock = pyshmlock.RWLock(lock_name)
+    alock = pyshmlock.AsyncRWLock(lock_name)
+    step = Step(which, lock_name, children)
+    step.block(lock)
+
+    async def main():
+        aw = alock._begin_session_attempt(pyshmlock._fastpath.deadline_ns(None), 30 * 10**9)
+        fut = aw.send(None)
+        assert aw.kind == (lib.SHL_KIND_UNPINNED if which == "unpinned"
+                           else lib.SHL_KIND_UPDATE) and not fut.done()
+        if which == "bounced":
+            step.cmd.put("pin")
+            step.other_session = await asyncio.get_running_loop().run_in_executor(
+                None, step.child.get)
+            while not fut.done():                 # woken: the update is free
+                await asyncio.sleep(0.005)
+            fut = aw.send(None)                   # had, pinned first: back to the wait
+            assert aw.kind == lib.SHL_KIND_UNPINNED and not fut.done()
+        del aw, fut
+        gc.collect()
+
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    gc.collect()
+    other = step.finish()
+    if other is not None:
+        # The dropped attempt's watcher registration goes at the watcher's
+        # next wake-up (a change of the word it watched): the session's end.
+        lock.end_session(other)
+    alock.close()
+    assert_clean(lock)
+    lock.close()
+
+
+# ------------------------------------------- racing loops, threads and tasks
+
+def test_two_loops_of_racing_session_tasks_some_cancelled_at_random_leave_nothing(
+        lock_name):
+    """Two event loops in two threads, each with many begin_session tasks
+    parked behind one session; it ends, and some tasks are cancelled at
+    random moments while the rest begin and end their sessions one at a
+    time.  Every task ends with its own token or CancelledError."""
+    lock = pyshmlock.RWLock(lock_name)
+    first = lock.begin_session(ttl=30, timeout=5)
+    rng = random.Random(os.getpid())
+    parked = [threading.Event(), threading.Event()]
+    go = threading.Event()
+    results, errors = [], []
+    inside = threading.Lock()
+
+    def loop_main(i):
+        async def one(a):
+            t = await a.begin_session(ttl=30, timeout=30)
+            assert inside.acquire(blocking=False), "two sessions at once"
+            await asyncio.sleep(0)
+            inside.release()
+            a.end_session(t)
+            return t
+
+        async def main():
+            a = pyshmlock.AsyncRWLock(lock_name)
+            tasks = [asyncio.create_task(one(a)) for _ in range(8)]
+            for task in tasks:
+                await until_parked(task, lib.SHL_KIND_UNPINNED)
+            parked[i].set()
+            while not go.is_set():
+                await asyncio.sleep(0.005)
+            for task in rng.sample(tasks, 3):
+                await asyncio.sleep(rng.random() * 0.01)
+                task.cancel()
+            got = await asyncio.gather(*tasks, return_exceptions=True)
+            a.close()
+            return got
+
+        try:
+            results.extend(asyncio.run(main()))
+        except BaseException as e:       # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop_main, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for e in parked:
+        assert e.wait(20)
+    lock.end_session(first)
+    go.set()
+    for t in threads:
+        t.join(40)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    tokens = [r for r in results if not isinstance(r, BaseException)]
+    others = [r for r in results if isinstance(r, BaseException)]
+    assert all(isinstance(r, asyncio.CancelledError) for r in others), others
+    assert len(results) == 16 and len(set(tokens)) == len(tokens) >= 10
+    assert_clean(lock)
+    lock.close()
+
+
+# ------------------------------------------------------- Ctrl-C, blocking
+
+@pytest.mark.parametrize("which", ["unpinned", "update"])
+@pytest.mark.parametrize("how", ["signal", "interrupt_main"])
+def test_ctrl_c_while_a_blocking_begin_session_waits_in_each_step_leaves_nothing(
+        lock_name, children, which, how):
+    """SIGINT sent to the process (taken by whichever thread), or
+    _thread.interrupt_main (no signal: only the flag), while the main
+    thread waits in begin_session: KeyboardInterrupt, nothing left."""
+    lock = pyshmlock.RWLock(lock_name)
+    step = Step(which, lock_name, children)
+    step.block(lock)
+
+    def interrupt():
+        wait_until_waiting(lock, os.getpid())
+        if how == "signal":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            _thread.interrupt_main()
+
+    t = threading.Thread(target=interrupt)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lock.begin_session(ttl=30, timeout=20)
+    finally:
+        t.join(30)
+    assert_clean(lock, step.finish())
+    lock.close()
+
+
+# ------------------------------------------------------------------- fork
+
+@pytest.mark.parametrize("which", ["unpinned", "update"])
+def test_a_child_forked_while_a_thread_waits_in_begin_session_can_begin_one(
+        lock_name, children, which):
+    """fork() while another thread waits in begin_session: the child (which
+    has no such thread) begins and ends a session of its own; the parent's
+    thread begins its own as well, one after the other."""
+    lock = pyshmlock.RWLock(lock_name)
+    step = Step(which, lock_name, children)
+    step.block(lock)
+    got = []
+
+    def waiter():
+        try:
+            got.append(lock.begin_session(ttl=30, timeout=30))
+        except BaseException as e:       # reported below
+            got.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    wait_until_waiting(lock, os.getpid())
+    pid = os.fork()
+    if pid == 0:                         # the child: nothing of pytest's may run here
+        code = 1
+        try:
+            lk = pyshmlock.RWLock(lock_name)
+            token = lk.begin_session(ttl=30, timeout=30)
+            lk.end_session(token)
+            lk.close()
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        wait_until_waiting(lock, pid)    # the child waits as well
+        if which == "unpinned":
+            lock.end_session(step.other_session)
+            step.other_session = None
+        step.finish()
+        wait_for(lambda: got, 30, "the parent's thread to begin its session")
+        assert isinstance(got[0], int), got
+        lock.end_session(got[0])         # the child's may come after it
+        status = reap(pid, 30)
+    finally:
+        t.join(30)
+    assert status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert_clean(lock)
+    lock.close()
+
+
+# ----------------------------------------------------------------- SIGKILL
+
+def begin_session_then_report(q, name, cmd):
+    """begin_session (it waits), report the token, wait to be told."""
+    lk = pyshmlock.RWLock(name)
+    q.put("starting")
+    q.put(lk.begin_session(ttl=30, timeout=30))
+    cmd.get(timeout=30)
+
+
+def settle(lock):
+    """After a process was killed: its leftovers reclaimed (a bounded wait
+    for the update: the dead process's claim is probed and reclaimed), its
+    session, if it began one, ended."""
+    assert lock.acquire_update(10)
+    lock.release_update()
+    info = lock.info()
+    if info.session is not None:
+        lock.end_session(info.session.token)
+    if lock.info().paused:
+        assert lock.resume(5, force=True)
+
+
+@pytest.mark.needs_robust_futex
+@pytest.mark.parametrize("which", ["unpinned", "update"])
+def test_a_process_killed_while_its_begin_session_waits_in_each_step_leaves_nothing(
+        lock_name, children, which):
+    lock = pyshmlock.RWLock(lock_name)
+    step = Step(which, lock_name, children)
+    step.block(lock)
+    cmd = FORK.Queue()
+    c = children(begin_session_then_report, lock_name, cmd)
+    c.expect("starting")
+    wait_until_waiting(lock, c.pid)
+    c.kill()
+    other = step.finish()
+    wait_for(lambda: c.pid not in lock.info().waiters, 10, "the dead waiter to go")
+    info = lock.info()
+    assert info.updater_pid is None and (info.session.token if info.session else None) == other
+    assert_clean(lock, other)
+    lock.close()
+
+
+def begin_sessions_forever(q, name):
+    """Begin, end and resume sessions in a loop until killed."""
+    lk = pyshmlock.RWLock(name)
+    q.put("looping")
+    while True:
+        token = lk.begin_session(ttl=30, timeout=30)
+        lk.end_session(token)
+        lk.resume(30)
+
+
+@pytest.mark.needs_robust_futex
+def test_processes_killed_at_random_points_of_begin_session_leave_only_their_session(
+        lock_name, children):
+    """A process that begins, ends and resumes sessions in a loop is
+    SIGKILLed at random moments (some between its update's grant and its
+    pin, or between its pin and its release): the update it held is
+    reclaimed, and what may be left is only a session it began (its death
+    ends nothing), which anybody can end."""
+    lock = pyshmlock.RWLock(lock_name)
+    rng = random.Random(os.getpid())
+    for _ in range(25):
+        c = children(begin_sessions_forever, lock_name)
+        c.expect("looping")
+        time.sleep(rng.random() * 0.005)       # where it dies: any point will do
+        c.kill()
+        settle(lock)
+        info = lock.info()
+        assert info.updater_pid is None and info.session is None and not info.paused
+        assert not info.waiters.get(c.pid)
+    assert_clean(lock)
+    lock.close()
