@@ -622,3 +622,34 @@ def test_processes_killed_at_random_points_of_begin_session_leave_only_their_ses
         assert not info.waiters.get(c.pid)
     assert_clean(lock)
     lock.close()
+
+
+@pytest.mark.needs_robust_futex
+def test_processes_killed_as_their_update_is_granted_leave_only_their_session(
+        lock_name, children):
+    """A process waits in begin_session for the update behind this
+    process's reader; the reader leaves and the process is SIGKILLed within
+    the next 300 microseconds (at random): around its grant, its pin and
+    its release.  What it held is reclaimed; what may be left is only the
+    session it began."""
+    lock = pyshmlock.RWLock(lock_name)
+    rng = random.Random(os.getpid())
+    for _ in range(30):
+        assert lock.acquire_read(5)
+        cmd = FORK.Queue()
+        c = children(begin_session_then_report, lock_name, cmd)
+        c.expect("starting")
+        wait_until_waiting(lock, c.pid)
+        delay = rng.random() * 300e-6
+        lock.release_read()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < delay:
+            pass
+        os.kill(c.pid, signal.SIGKILL)
+        c.kill()                                   # reaped
+        settle(lock)
+        info = lock.info()
+        assert info.updater_pid is None and info.session is None and not info.paused
+        assert not info.waiters.get(c.pid)
+    assert_clean(lock)
+    lock.close()
