@@ -221,11 +221,28 @@ static int attempt_wait(attempt_t *a, int tried)
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what)
 {
+    return attempt_block_on(lock, kind, flags, deadline, what, NULL);
+}
+
+static int block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                      const char *what, const shl_waiter *first, shl_lock **on);
+
+/* attempt_block that, had (1), also says in *on (unless NULL) the handle the
+ * hold was granted on.  That is the object's handle when the wait began,
+ * not necessarily now: another thread may close the object while this one
+ * sleeps (another object of the segment keeping the handle open), and the
+ * hold is then the handle's, to be released there (begin_session's pin). */
+int attempt_block_on(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                     const char *what, shl_lock **on)
+{
     shl_waiter w;
     int r = flags == 0 ? first_try((const LockObject *)lock, kind, &w) : -1;
-    if (r == 1)
+    if (r == 1) {               /* the GIL held since: still the object's handle */
+        if (on != NULL)
+            *on = ((const LockObject *)lock)->h;
         return 1;
-    return attempt_block_from(lock, kind, flags, deadline, what, r == 0 ? &w : NULL);
+    }
+    return block_from(lock, kind, flags, deadline, what, r == 0 ? &w : NULL, on);
 }
 
 /* attempt_block after a first try (first_try's answer `first`, not 1) of a
@@ -249,6 +266,12 @@ int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, int64_t d
 int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                        const char *what, const shl_waiter *first)
 {
+    return block_from(lock, kind, flags, deadline, what, first, NULL);
+}
+
+static int block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                      const char *what, const shl_waiter *first, shl_lock **on)
+{
     if (!g_ready)
         return not_ready();
     attempt_t a;
@@ -261,8 +284,11 @@ int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadlin
         }
         int r = attempt_wait(&a, first != NULL);
         first = NULL;
-        if (r == SHL_OK)
+        if (r == SHL_OK) {
+            if (on != NULL)
+                *on = a.h;
             return 1;
+        }
         if (r == SHL_TIMEDOUT)
             return 0;
         if (r != SHL_EINTR) {
@@ -284,14 +310,23 @@ int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadlin
  * Ctrl-C's - can run while the hold is held and nobody has seen it.  The
  * session's token (an int), None if another session pinned first (wait
  * until unpinned, then try again), or NULL with the exception set.
+ *
+ * h is the handle the update was granted on: the pin and the release are
+ * made there, not on the object's handle of now.  Another thread may have
+ * closed the object (lock) while the attempt waited: while another object
+ * of the segment stays open that close only unbinds this one (its h NULL),
+ * and the hold, the handle's, would be left held with nobody to release it.
+ * The handle itself is still open: its last close refuses while the
+ * process holds the lock (and the GIL, held since the grant, keeps every
+ * close out until the release).
  */
-PyObject *session_pin_held(PyObject *lock, int64_t ttl_ns)
+PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns)
 {
     const LockObject *lo = (const LockObject *)lock;
     uint64_t token = 0;
-    int r = core.session_pin(lo->h, ttl_ns, &token);
+    int r = core.session_pin(h, ttl_ns, &token);
     int err = errno;
-    int rel = release(lo->fh, lo->h, SHL_KIND_UPDATE);
+    int rel = release(lo->h == h ? lo->fh : NULL, h, SHL_KIND_UPDATE);
     int rel_err = errno;
     const char *what = "begin_session";
     if (rel != 0 && (r == SHL_OK || r == SHL_AGAIN)) {

@@ -300,7 +300,8 @@ static int session_step(AttemptObject *o, PyObject **out)
         attempt_rekind(&o->a, SHL_KIND_UPDATE);
         return 0;
     }
-    PyObject *token = session_pin_held(o->lock, o->session_ttl);
+    /* On the attempt's handle: the object may be closed since (session_pin_held). */
+    PyObject *token = session_pin_held(o->lock, o->a.h, o->session_ttl);
     if (token == NULL)
         return -1;
     if (token != Py_None) {

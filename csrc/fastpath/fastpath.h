@@ -249,13 +249,15 @@ void attempt_init(attempt_t *a, const LockObject *lock, int kind, uint32_t flags
 int attempt_try(attempt_t *a);
 int attempt_try_held(attempt_t *a);
 int attempt_fork_ready(void);
-PyObject *session_pin_held(PyObject *lock, int64_t ttl_ns);
+PyObject *session_pin_held(PyObject *lock, shl_lock *h, int64_t ttl_ns);
 PyObject *attempt_new_session(PyObject *lock, int64_t deadline, int64_t ttl_ns);
 int attempt_past(attempt_t *a);
 void attempt_cancel(attempt_t *a);
 void attempt_rekind(attempt_t *a, int kind);
 int attempt_block(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                   const char *what);
+int attempt_block_on(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
+                     const char *what, shl_lock **on);
 int attempt_block_from(PyObject *lock, int kind, uint32_t flags, int64_t deadline,
                        const char *what, const shl_waiter *first);
 int attempt_block_timeout(PyObject *lock, int kind, PyObject *timeout, int64_t deadline,

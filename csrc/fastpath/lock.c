@@ -55,14 +55,16 @@ static PyObject *lock_begin_session_block(PyObject *self, PyObject *const *args,
     if (PyErr_Occurred())
         return NULL;
     for (;;) {
+        shl_lock *on = NULL;    /* the handle the update is granted on (session_pin_held) */
         int r = attempt_block(self, SHL_KIND_UNPINNED, 0, (int64_t)deadline, "begin_session");
         if (r == 1)
-            r = attempt_block(self, SHL_KIND_UPDATE, 0, (int64_t)deadline, "begin_session");
+            r = attempt_block_on(self, SHL_KIND_UPDATE, 0, (int64_t)deadline, "begin_session",
+                                 &on);
         if (r < 0)
             return NULL;
         if (r == 0)
             Py_RETURN_FALSE;
-        PyObject *token = session_pin_held(self, (int64_t)ttl_ns);
+        PyObject *token = session_pin_held(self, on, (int64_t)ttl_ns);
         if (token != Py_None)
             return token;       /* the token, or NULL with the exception set */
         Py_DECREF(token);
