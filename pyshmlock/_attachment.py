@@ -7,10 +7,11 @@ import os
 import threading
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from . import _fast
 from ._args import SHM_DIR as SHM_DIR
 from ._args import SHM_PREFIX as SHM_PREFIX
 from ._args import segment_path
-from ._fastpath import close_handle
+from ._fastpath import address, close_handle
 from ._shmlock import ffi, lib
 from .errors import LockInUseError, error_for, open_error, slots_refusal
 
@@ -249,6 +250,28 @@ def _close(att: _Attachment, quiet: bool = False, owner: Any = None) -> bool:
         raise error_for(rc, "close", att.name)
     if att.registered and _registry.get(att.key) is att:
         del _registry[att.key]
+    return True
+
+
+_RELEASE_CALL = {lib.SHL_KIND_READ: "release_read", lib.SHL_KIND_WRITE: "release_write",
+                 lib.SHL_KIND_UPDATE: "release_update"}
+
+
+def release_after_close(att: _Attachment, kind: int) -> bool:
+    """The end of a ``with`` block whose lock object another thread closed
+    inside it: give the hold back through the process's attachment, which
+    still serves the process's other objects of the segment (holds are the
+    process's).  False if no object keeps the attachment open any more (then
+    the process holds nothing through it: its last close refuses while the
+    process holds the lock).  Under the registry lock, so that no last close
+    runs meanwhile; the release is the hold calls' own (_fast.release, with
+    the GIL held)."""
+    with _registry_lock:
+        if att.refs <= 0 or not att.registered or _registry.get(att.key) is not att:
+            return False
+        rc = _fast.release(address(att.handle), kind)
+    if rc != _OK:
+        raise error_for(rc, _RELEASE_CALL[kind], att.name)
     return True
 
 

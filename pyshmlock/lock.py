@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any, ContextManager, NoReturn, Optional, Tuple
 from . import _fastpath
 from ._args import DEFAULT_MODE, check_bool, check_group, check_max_processes, check_mode
 from ._args import check_name as check_name
-from ._attachment import SHM_DIR, SHM_PREFIX, _attach, _attach_operator, _Attachment
+from ._attachment import (
+    SHM_DIR,
+    SHM_PREFIX,
+    _attach,
+    _attach_operator,
+    _Attachment,
+    release_after_close,
+)
 from ._attachment import _detach as _detach
 from ._attachment import drop as _drop_attachment
 from ._fastpath import deadline_ns as deadline_ns
@@ -572,6 +579,18 @@ class RWLock(_fastpath.Lock, _NonWaitingMembers):
         self._fast_bind(0)
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
+        # A `with` block of this object that another thread is inside gives
+        # its hold back through the attachment (_release_closed).
+        self._closed_att = att
+
+    def _release_closed(self, kind: int) -> bool:
+        """A hold's release (its ``__exit__``, ``__aexit__`` or
+        ``release()``, in C) found this object closed: another thread closed
+        it inside the block.  The hold is the process's: give it back
+        through the attachment the process keeps for its other objects of
+        the segment.  False if none keeps it (the caller raises "closed")."""
+        att = getattr(self, "_closed_att", None)
+        return att is not None and release_after_close(att, kind)
 
     def __del__(self) -> None:
         """Dropped without close(): warn as an unclosed file does

@@ -172,6 +172,22 @@ static int hold_give_back(HoldObject *ho)
     if (r == 0)
         return 0;
     int err = errno;
+    if (r == SHL_ECLOSED) {
+        /* Another thread closed the lock object inside the block.  The hold
+         * is the process's: RWLock._release_closed gives it back through
+         * the attachment the process's other objects keep open (the slow
+         * path, in Python: the registry lock keeps a last close away). */
+        PyObject *lock = ho->lock;
+        Py_INCREF(lock);
+        PyObject *done = PyObject_CallMethod(lock, "_release_closed", "i", kind);
+        Py_DECREF(lock);
+        if (done == NULL)
+            return -1;
+        int given_back = PyObject_IsTrue(done);
+        Py_DECREF(done);
+        if (given_back != 0)
+            return given_back > 0 ? 0 : -1;
+    }
     PyObject *what = PyUnicode_FromFormat("release of %s", KIND[kind].hold);
     if (what == NULL)
         return -1;

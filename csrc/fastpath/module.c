@@ -163,6 +163,33 @@ static PyObject *mod_close(PyObject *mod, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(r);
 }
 
+/* release(address, kind) -> int: give a hold back through the token
+ * `address`, as the hold calls do (fastpath.h release: the fast call, with
+ * the GIL held, so that the fast calls' read count, gil_reads, is taken
+ * from too).  For a `with` block whose object was closed inside it
+ * (pyshmlock/_attachment.py release_after_close, which holds the registry
+ * lock: no close of the token runs meanwhile).  The core's result. */
+static PyObject *mod_release(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    if (!g_ready)
+        return not_ready(), NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "release(address, kind)");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
+    long kind = PyLong_AsLong(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (p == NULL || kind < SHL_KIND_READ || kind > SHL_KIND_UPDATE) {
+        PyErr_SetString(PyExc_ValueError, "release(): a token and a hold's kind");
+        return NULL;
+    }
+    shl_lock *h = (shl_lock *)p;
+    return PyLong_FromLong(release(core.fast_handle(h), h, (int)kind));
+}
+
 static PyMethodDef mod_methods[] = {
     {"setup", mod_setup, METH_VARARGS,
      "setup(table, error, /)\n--\n\nHand over the core's entry points (once)."},
@@ -171,6 +198,9 @@ static PyMethodDef mod_methods[] = {
     {"close", (PyCFunction)(void (*)(void))mod_close, METH_FASTCALL,
      "close(address, owner=None, /)\n--\n\nThe core's shl_close of a handle (an int result), begun with the\n"
      "GIL held; once decided, owner (a _fast.Lock) forgets the handle."},
+    {"release", (PyCFunction)(void (*)(void))mod_release, METH_FASTCALL,
+     "release(address, kind, /)\n--\n\nGive a hold of `kind` back through the token `address`, as\n"
+     "the hold calls do (an int result: the core's)."},
     {"deadline_ns", mod_deadline_ns, METH_O,
      "deadline_ns(timeout, /)\n--\n\nThe timeout rule: seconds to an absolute CLOCK_MONOTONIC\n"
      "deadline in ns.  None, inf and any timeout of 146 years or more wait\n"

@@ -1,0 +1,82 @@
+"""A lock object closed by another thread while a `with` block of one of its
+holds runs: the block's end still gives the hold back, through the
+attachment the process keeps for its other objects of the segment (holds are
+the process's), so nothing stays held that nobody will release.  The last
+object of the segment cannot be closed meanwhile at all."""
+import asyncio
+import threading
+
+import pytest
+
+import pyshmlock
+
+pytestmark = pytest.mark.timeout(60)
+
+KINDS = ["reader_lock", "writer_lock", "update_lock"]
+
+
+def _nothing_held(lk):
+    info = lk.info()
+    return info.writer_pid is None and info.updater_pid is None and not info.readers
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_with_block_whose_object_another_thread_closed_gives_its_hold_back(lock_name, kind):
+    inside, leave, outcome = threading.Event(), threading.Event(), []
+    x, y = pyshmlock.RWLock(lock_name), pyshmlock.RWLock(lock_name)
+
+    def block():
+        try:
+            with getattr(x, kind):
+                inside.set()
+                leave.wait(30)
+            outcome.append("given back")
+        except BaseException as e:
+            outcome.append(repr(e))
+
+    t = threading.Thread(target=block)
+    t.start()
+    assert inside.wait(30)
+    x.close()                      # not the segment's last object: y keeps it
+    leave.set()
+    t.join(30)
+    assert outcome == ["given back"]
+    assert _nothing_held(y), y.info()
+    assert y.acquire_write(0)      # nobody is left waiting behind a lost hold
+    y.release_write()
+    with pytest.raises(ValueError, match="closed"):
+        x.release_write()          # an explicit call on a closed object still refuses
+    y.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_async_with_block_whose_lock_was_closed_inside_gives_its_hold_back(lock_name, kind):
+    async def main():
+        a = pyshmlock.AsyncRWLock(lock_name)
+        other = pyshmlock.RWLock(lock_name)
+        async with getattr(a, kind):
+            a.close()
+        assert _nothing_held(other), other.info()
+        other.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_the_last_object_cannot_be_closed_inside_a_with_block(lock_name):
+    x = pyshmlock.RWLock(lock_name)
+    with x.update_lock:
+        with pytest.raises(pyshmlock.LockInUseError):
+            x.close()
+    assert x.info().updater_pid is None
+    x.close()
+
+
+def test_a_hold_released_by_another_object_meanwhile_is_not_released_twice(lock_name):
+    x, y = pyshmlock.RWLock(lock_name), pyshmlock.RWLock(lock_name)
+    with pytest.raises(pyshmlock.NotHeldError):
+        with x.update_lock:
+            y.release_update()     # holds are the process's: any object releases
+            x.close()
+    assert y.acquire_update(0)
+    y.release_update()
+    y.close()
