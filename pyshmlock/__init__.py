@@ -19,6 +19,7 @@ if _platform.machine() not in ("x86_64", "aarch64", "arm64"):
         f"{_platform.machine()!r}")
 
 from . import _built  # noqa: F401  (first: a checkout never built says so)
+from ._members import FencedUpdate
 from .aio import AsyncHold, AsyncRWLock
 from .errors import (
     CorruptSegmentError,
@@ -44,7 +45,6 @@ from .lock import (
     DEFAULT_SESSION_TTL,
     MAX_SESSION_TTL,
     AttachedProcess,
-    FencedUpdate,
     LockInfo,
     Recovery,
     RWLock,

@@ -26,18 +26,12 @@ from typing import TYPE_CHECKING, Any, Awaitable, NoReturn, Optional
 from . import _fastpath
 from ._args import DEFAULT_MODE, check_bool
 from ._fastpath import deadline_ns
+from ._members import _NonWaitingMembers, no_plain_with
 from ._park import notify_closing
 from ._shmlock import lib
 from .errors import ManagedLockError, managed_error
 from .holds import hold_repr, hold_would_wait, own_holds
-from .lock import (
-    DEFAULT_SESSION_TTL,
-    RWLock,
-    _NonWaitingMembers,
-    no_plain_with,
-    session_timeout,
-    session_ttl_ns,
-)
+from .lock import DEFAULT_SESSION_TTL, RWLock, session_timeout, session_ttl_ns
 
 __all__ = ["AsyncHold", "AsyncRWLock"]
 

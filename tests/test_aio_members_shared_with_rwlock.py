@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import pyshmlock
-from pyshmlock.lock import _NonWaitingMembers
+from pyshmlock._members import _NonWaitingMembers
 
 pytestmark = pytest.mark.timeout(60)
 
