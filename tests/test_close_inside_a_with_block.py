@@ -4,6 +4,7 @@ attachment the process keeps for its other objects of the segment (holds are
 the process's), so nothing stays held that nobody will release.  The last
 object of the segment cannot be closed meanwhile at all."""
 import asyncio
+import sys
 import threading
 
 import pytest
@@ -79,4 +80,44 @@ def test_a_hold_released_by_another_object_meanwhile_is_not_released_twice(lock_
             x.close()
     assert y.acquire_update(0)
     y.release_update()
+    y.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_block_ending_while_close_unbinds_its_object_gives_its_hold_back(lock_name, kind):
+    # The closing thread stops right after close() made the object forget
+    # its handle (a profile hook on the return of _fast_bind, in that thread
+    # only) until the block has ended: the switch the GIL may make there.
+    inside, unbound, ended, outcome = (threading.Event(), threading.Event(),
+                                       threading.Event(), [])
+    x, y = pyshmlock.RWLock(lock_name), pyshmlock.RWLock(lock_name)
+
+    def block():
+        try:
+            with getattr(x, kind):
+                inside.set()
+                unbound.wait(30)
+            outcome.append("given back")
+        except BaseException as e:
+            outcome.append(repr(e))
+        ended.set()
+
+    def after_unbinding(frame, event, arg):
+        if event == "c_return" and getattr(arg, "__name__", None) == "_fast_bind":
+            sys.setprofile(None)
+            unbound.set()
+            ended.wait(30)
+
+    t = threading.Thread(target=block)
+    t.start()
+    assert inside.wait(30)
+    sys.setprofile(after_unbinding)
+    try:
+        x.close()
+    finally:
+        sys.setprofile(None)
+    t.join(30)
+    assert unbound.is_set()
+    assert outcome == ["given back"]
+    assert _nothing_held(y), y.info()
     y.close()
