@@ -4,10 +4,15 @@ attachment the process keeps for its other objects of the segment (holds are
 the process's), so nothing stays held that nobody will release.  The last
 object of the segment cannot be closed meanwhile at all."""
 import asyncio
+import gc
+import os
 import sys
 import threading
+import warnings
 
 import pytest
+from conftest import FORK, unique_name
+from helpers import remove_lock
 
 import pyshmlock
 
@@ -121,3 +126,69 @@ def test_a_block_ending_while_close_unbinds_its_object_gives_its_hold_back(lock_
     assert outcome == ["given back"]
     assert _nothing_held(y), y.info()
     y.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_with_block_gives_its_hold_back_after_the_other_object_was_dropped_unclosed(
+        lock_name, kind):
+    # y, the object that kept the attachment open, is dropped without
+    # close() while x's block runs, and its reference is settled (an open of
+    # any lock in the process does that): the attachment stays open, kept
+    # because the process holds the lock through it, and the block's end
+    # must give the hold back through it.
+    inside, leave, outcome = threading.Event(), threading.Event(), []
+    x, y = pyshmlock.RWLock(lock_name), pyshmlock.RWLock(lock_name)
+
+    def block():
+        try:
+            with getattr(x, kind):
+                inside.set()
+                leave.wait(30)
+            outcome.append("given back")
+        except BaseException as e:
+            outcome.append(repr(e))
+
+    t = threading.Thread(target=block)
+    t.start()
+    assert inside.wait(30)
+    x.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del y
+        gc.collect()
+    settler_name = unique_name()
+    try:
+        pyshmlock.RWLock(settler_name).close()    # settles y's reference
+    finally:
+        remove_lock(settler_name)
+    leave.set()
+    t.join(30)
+    assert outcome == ["given back"]
+    looker = pyshmlock.RWLock(lock_name)          # shares the attachment kept
+    assert _nothing_held(looker), looker.info()
+    looker.close()
+    # Nothing held any more: the attachment is closed with looker.
+    assert os.getpid() not in pyshmlock.inspect(lock_name).attached_pids
+    assert _other_process_takes_write(lock_name)
+
+
+def _other_process_takes_write(name):
+    """Whether a child process takes the write lock ``name`` within 10 s."""
+    def child(answer):
+        lk = pyshmlock.RWLock(name, create=False)
+        had = lk.acquire_write(10)
+        if had:
+            lk.release_write()
+        lk.close()
+        answer.put(had)
+
+    answer = FORK.Queue()
+    p = FORK.Process(target=child, args=(answer,))
+    p.start()
+    try:
+        return answer.get(timeout=30)
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join()
