@@ -261,13 +261,16 @@ def release_after_close(att: _Attachment, kind: int) -> bool:
     """The end of a ``with`` block whose lock object another thread closed
     inside it: give the hold back through the process's attachment, which
     still serves the process's other objects of the segment (holds are the
-    process's).  False if no object keeps the attachment open any more (then
-    the process holds nothing through it: its last close refuses while the
-    process holds the lock).  Under the registry lock, so that no last close
-    runs meanwhile; the release is the hold calls' own (_fast.release, with
-    the GIL held)."""
+    process's).  False if the attachment is closed (then the process holds
+    nothing through it: its last close refuses while the process holds the
+    lock).  An attachment stays registered exactly while its handle is open,
+    also once no object uses it any more: the last object dropped without
+    close() leaves it open, an orphan, while the process holds the lock
+    (_settle_dropped), and this release is what lets it close.  Under the
+    registry lock, so that no last close runs meanwhile; the release is the
+    hold calls' own (_fast.release, with the GIL held)."""
     with _registry_lock:
-        if att.refs <= 0 or not att.registered or _registry.get(att.key) is not att:
+        if not att.registered or _registry.get(att.key) is not att:
             return False
         rc = _fast.release(address(att.handle), kind)
     if rc != _OK:

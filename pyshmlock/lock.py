@@ -351,6 +351,11 @@ class RWLock(_fastpath.Lock, _NonWaitingMembers):
         att = self._att
         if att is None:
             return
+        # A `with` block of this object that another thread is inside gives
+        # its hold back through the attachment (_release_closed).  Set before
+        # the object forgets its handle: the GIL may pass to that thread
+        # between any two of the statements below.
+        self._closed_att = att
         # The fast methods skip the core's in-flight count (shl_fast_handle):
         # a close that is decided makes this object forget the handle before
         # any other thread runs (_fast.close); a refused one changes nothing.
@@ -358,9 +363,6 @@ class RWLock(_fastpath.Lock, _NonWaitingMembers):
         self._fast_bind(0)
         self._att = None
         self._h = ffi.NULL            # the C core refuses a NULL handle
-        # A `with` block of this object that another thread is inside gives
-        # its hold back through the attachment (_release_closed).
-        self._closed_att = att
 
     def _release_closed(self, kind: int) -> bool:
         """A hold's release (its ``__exit__``, ``__aexit__`` or
