@@ -13,16 +13,26 @@ tests through tests/sglang_shim (``sglang.srt.utils.aio_rwlock.RWLock``).
 """
 import os
 import uuid
-import weakref
 
 import pyshmlock
 
+# Every lock made here, until close_made() (tests/test_sglang_compat.py's
+# fixture) or the process's exit.  Not closed by a finaliser: a finaliser
+# runs inside whatever call the collection interrupts, close() takes the
+# registry lock, and a collection inside a close() (which holds it) would
+# wait for good (tests/test_finalisers_take_no_lock.py).
+_made = []
 
-def _close(lock):
-    try:
-        lock.close()
-    except pyshmlock.LockInUseError:
-        pass          # a test ended holding it; the process exit detaches
+
+def close_made():
+    """Close every lock made so far (one a test left held stays open: the
+    process's exit detaches it)."""
+    while _made:
+        lock = _made.pop()
+        try:
+            lock.close()
+        except pyshmlock.LockInUseError:
+            pass
 
 
 class SGLangShapedRWLock(pyshmlock.AsyncRWLock):
@@ -30,7 +40,7 @@ class SGLangShapedRWLock(pyshmlock.AsyncRWLock):
         name = f"test-sglang-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         super().__init__(name)
         pyshmlock.unlink(name)
-        weakref.finalize(self, _close, self._lock)
+        _made.append(self)
 
     @property
     def _readers(self):

@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from sglang_adapter import SGLangShapedRWLock
+from sglang_adapter import SGLangShapedRWLock, close_made
 
 import pyshmlock
 
@@ -94,18 +94,8 @@ def sglang_aio_rwlock(tmp_path_factory):
 @pytest.fixture
 def adapted():
     """Make SGLang-shaped AsyncRWLocks; close them after the test."""
-    made = []
-
-    def make():
-        made.append(SGLangShapedRWLock())
-        return made[-1]
-
-    yield make
-    for lk in made:
-        try:
-            lk.close()
-        except pyshmlock.LockInUseError:
-            pass
+    yield SGLangShapedRWLock
+    close_made()
 
 
 # -- conformance --------------------------------------------------------------
