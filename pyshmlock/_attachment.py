@@ -13,7 +13,7 @@ from ._args import SHM_PREFIX as SHM_PREFIX
 from ._args import segment_path
 from ._fastpath import address, close_handle
 from ._shmlock import ffi, lib
-from .errors import LockInUseError, error_for, open_error, slots_refusal
+from .errors import LockInUseError, WouldDeadlockError, error_for, open_error, slots_refusal
 
 _OK = lib.SHL_OK
 
@@ -33,8 +33,41 @@ class _Attachment:
         self.max_processes = max_processes   # the segment's slots
 
 
+class _RegistryLock:
+    """The registry's lock, which refuses its own holder instead of making
+    it wait for itself.  Every open and close of a lock takes it, and a
+    garbage collection may run inside one and call a finaliser of the
+    application's (a ``__del__`` that closes a lock, say): with a plain
+    lock that thread would wait for good.  It gets WouldDeadlockError
+    instead (printed as the finaliser's error, nothing waits); the lock
+    object, once dropped, gives its reference back through its own
+    finaliser, which takes no lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None   # written only by the holder
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        # Only this thread ever writes its own ident here, so no other
+        # thread's write can make this test pass or fail wrongly.
+        if self._owner == me:
+            raise WouldDeadlockError(
+                "a lock opened or closed from inside this thread's own open or "
+                "close of a lock (a finaliser, such as a __del__ that closes a "
+                "lock, run by a garbage collection there) would wait for itself; "
+                "drop the lock object instead: its own finaliser gives it back "
+                "without waiting")
+        self._lock.acquire()
+        self._owner = me
+
+    def __exit__(self, *exc: Any) -> None:
+        self._owner = None
+        self._lock.release()
+
+
 _registry: Dict[Tuple[int, int], _Attachment] = {}
-_registry_lock = threading.Lock()
+_registry_lock = _RegistryLock()
 
 
 def _fresh_lock_in_child() -> None:
@@ -42,7 +75,7 @@ def _fresh_lock_in_child() -> None:
     # on it forever.  The attachments stay: the C core gives the child slots
     # of its own on first use.
     global _registry_lock
-    _registry_lock = threading.Lock()
+    _registry_lock = _RegistryLock()
 
 
 os.register_at_fork(after_in_child=_fresh_lock_in_child)

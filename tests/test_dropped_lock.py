@@ -92,3 +92,41 @@ def test_the_finaliser_takes_no_lock(lock_name):
                        text=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert "collected" in p.stdout and "settled []" in p.stdout, (p.stdout, p.stderr)
+
+
+def test_an_applications_finaliser_closing_a_lock_inside_an_open_is_refused_not_waited(
+        lock_name):
+    """An application's finaliser that closes its lock (a ``__del__`` as for
+    a file) may be run by a collection inside this thread's own open or
+    close, which holds the registry's lock: its close() gets
+    WouldDeadlockError, printed as the finaliser's error, instead of waiting
+    for good; the dropped lock object then gives its reference back through
+    its own finaliser, and the next open settles it."""
+    code = textwrap.dedent("""
+        import gc, sys, warnings
+        import pyshmlock
+        from pyshmlock import _attachment
+        warnings.simplefilter("ignore")
+        seen = []
+        sys.unraisablehook = lambda u: seen.append(type(u.exc_value).__name__)
+
+        class Holder:                 # an application's object owning a lock
+            def __init__(self, name):
+                self.lock = pyshmlock.RWLock(name)
+                self.me = self        # a cycle: freed by the collector
+            def __del__(self):
+                self.lock.close()
+
+        gc.disable()
+        Holder(sys.argv[1])
+        with _attachment._registry_lock:    # as inside an open or a close
+            gc.collect()
+        print("collected", seen)
+        pyshmlock.RWLock(sys.argv[1]).close()
+        print("settled", pyshmlock.inspect(sys.argv[1]).attached_pids)
+    """)
+    p = subprocess.run([sys.executable, "-c", code, lock_name], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "collected ['WouldDeadlockError']" in p.stdout, (p.stdout, p.stderr)
+    assert "settled []" in p.stdout, (p.stdout, p.stderr)
