@@ -33,41 +33,30 @@ class _Attachment:
         self.max_processes = max_processes   # the segment's slots
 
 
-class _RegistryLock:
-    """The registry's lock, which refuses its own holder instead of making
-    it wait for itself.  Every open and close of a lock takes it, and a
-    garbage collection may run inside one and call a finaliser of the
-    application's (a ``__del__`` that closes a lock, say): with a plain
-    lock that thread would wait for good.  It gets WouldDeadlockError
-    instead (printed as the finaliser's error, nothing waits); the lock
-    object, once dropped, gives its reference back through its own
-    finaliser, which takes no lock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: Optional[int] = None   # written only by the holder
-
-    def __enter__(self) -> None:
-        me = threading.get_ident()
-        # Only this thread ever writes its own ident here, so no other
-        # thread's write can make this test pass or fail wrongly.
-        if self._owner == me:
-            raise WouldDeadlockError(
-                "a lock opened or closed from inside this thread's own open or "
-                "close of a lock (a finaliser, such as a __del__ that closes a "
-                "lock, run by a garbage collection there) would wait for itself; "
-                "drop the lock object instead: its own finaliser gives it back "
-                "without waiting")
-        self._lock.acquire()
-        self._owner = me
-
-    def __exit__(self, *exc: Any) -> None:
-        self._owner = None
-        self._lock.release()
-
-
 _registry: Dict[Tuple[int, int], _Attachment] = {}
-_registry_lock = _RegistryLock()
+# Every open and close of a lock takes the registry lock, always as
+# `with _registry_lock_unless_held():`.  A garbage collection may run inside
+# one and call a finaliser of the application's (a __del__ that closes a
+# lock, say); with a plain lock that thread would wait for itself for good.
+# It is refused instead (WouldDeadlockError, printed as the finaliser's
+# error; the dropped lock object then gives its reference back through its
+# own finaliser, which takes no lock).  An RLock only for its _is_owned(),
+# exact and in C: it is never entered twice.  Entered and left by its C
+# __enter__/__exit__, so a Ctrl-C between the two cannot leave it held.
+_registry_lock = threading.RLock()
+
+
+def _registry_lock_unless_held() -> Any:
+    """The registry lock, to enter; WouldDeadlockError if this thread
+    holds it already."""
+    if _registry_lock._is_owned():   # type: ignore[attr-defined]
+        raise WouldDeadlockError(
+            "a lock opened or closed from inside this thread's own open or "
+            "close of a lock (a finaliser, such as a __del__ that closes a "
+            "lock, run by a garbage collection there) would wait for itself; "
+            "drop the lock object instead: its own finaliser gives it back "
+            "without waiting")
+    return _registry_lock
 
 
 def _fresh_lock_in_child() -> None:
@@ -75,7 +64,7 @@ def _fresh_lock_in_child() -> None:
     # on it forever.  The attachments stay: the C core gives the child slots
     # of its own on first use.
     global _registry_lock
-    _registry_lock = _RegistryLock()
+    _registry_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_fresh_lock_in_child)
@@ -117,7 +106,7 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     ``sized``: max_processes was asked for (SHL_OPEN_SIZED: an unused lock
     of another size is re-created at it), not the default."""
     key = _segment_key(name)
-    with _registry_lock:
+    with _registry_lock_unless_held():
         _settle_dropped()
         att = _registry.get(key) if key else None
         if att is not None:
@@ -139,7 +128,7 @@ def _attach(name: str, create: bool, mode: int, max_processes: int,
     if rc != _OK:
         raise open_error(rc, name, info, mode, gid, max_processes if create or sized else 0)
     key = (info.dev, info.ino)
-    with _registry_lock:
+    with _registry_lock_unless_held():
         att = _registry.get(key)
         if att is None:
             att = _registry[key] = _Attachment(out[0], key, name,
@@ -302,7 +291,7 @@ def release_after_close(att: _Attachment, kind: int) -> bool:
     (_settle_dropped), and this release is what lets it close.  Under the
     registry lock, so that no last close runs meanwhile; the release is the
     hold calls' own (_fast.release, with the GIL held)."""
-    with _registry_lock:
+    with _registry_lock_unless_held():
         if not att.registered or _registry.get(att.key) is not att:
             return False
         rc = _fast.release(address(att.handle), kind)
@@ -318,7 +307,7 @@ def _detach(att: _Attachment, owner: Any = None) -> None:
         _close(att, owner=owner)
         att.refs = 0
         return
-    with _registry_lock:
+    with _registry_lock_unless_held():
         _settle_dropped()
         if att.refs == 1:
             _close(att, owner=owner)

@@ -106,3 +106,18 @@ def test_a_helpers_lock_dropped_while_the_registry_lock_is_held_does_not_wait(he
         pytest.fail(f"{helper}: dropping its lock inside the registry lock waited "
                     f"(a finaliser takes that lock):\n{out}")
     assert proc.returncode == 0 and "not waited" in out, out
+
+
+def test_the_library_enters_its_registry_lock_only_through_the_check_for_its_holder():
+    """An application's finaliser may open or close a lock inside this
+    thread's own open or close: the registry lock is entered only through
+    _registry_lock_unless_held(), which refuses its holder
+    (WouldDeadlockError) instead of waiting for itself (behaviour:
+    tests/test_dropped_lock.py)."""
+    direct = []
+    for path in sorted((ROOT / "pyshmlock").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "_registry_lock" in line and ("with " in line or ".acquire(" in line) \
+                    and "_registry_lock_unless_held()" not in line:
+                direct.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not direct, direct
