@@ -46,13 +46,24 @@ _registry: Dict[Tuple[int, int], _Attachment] = {}
 _registry_lock = threading.RLock()
 
 
+# Other locks a last close waits for (the asyncio parking locks, _park):
+# each callable says whether this thread holds one of them.  A finaliser
+# run there that opens or closes a lock would, in the last close's hook,
+# wait for a lock its own thread holds, or hold it while waiting for the
+# registry lock that another thread's last close holds while it waits for
+# that very lock: it is refused as the registry lock's holder is.
+_taken_after: List[Callable[[], bool]] = []
+
+
 def _registry_lock_unless_held() -> Any:
     """The registry lock, to enter; WouldDeadlockError if this thread
-    holds it already."""
-    if _registry_lock._is_owned():   # type: ignore[attr-defined]
+    holds it already, or holds a lock the last close takes under it."""
+    held = _registry_lock._is_owned()   # type: ignore[attr-defined]
+    if held or any(holds() for holds in _taken_after):
         raise WouldDeadlockError(
             "a lock opened or closed from inside this thread's own open or "
-            "close of a lock (a finaliser, such as a __del__ that closes a "
+            "close of a lock, or its asyncio wait for one (a finaliser, such "
+            "as a __del__ that closes a "
             "lock, run by a garbage collection there) would wait for itself; "
             "drop the lock object instead: its own finaliser gives it back "
             "without waiting")

@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from . import _fast
-from ._attachment import _Attachment, _close_hooks
+from ._attachment import _Attachment, _close_hooks, _taken_after
 from ._fastpath import CALL_NAMES
 from ._shmlock import ffi, lib
 from .errors import LockClosingError, LockInUseError, error_for
@@ -240,7 +240,9 @@ class _Helper:
         self.handle = handle
         self.name = name
         self.pid = os.getpid()
-        self.mu = threading.Lock()
+        # An RLock only for its exact _is_owned() (never entered twice):
+        # see _holds_a_parking_lock.
+        self.mu = threading.RLock()
         self.closed = False
         self._dead: Deque[_Fd] = collections.deque()   # fds of loops that are gone
         # Unparks that could not take mu (see unpark): done by the next
@@ -254,6 +256,9 @@ class _Helper:
         if self.watcher == ffi.NULL:
             raise MemoryError("pyshmlock: no memory for the asyncio watcher")
         self._gen = ffi.new("uint64_t *")
+        ref = weakref.ref(self)
+        _live_helpers.add(ref)
+        weakref.finalize(self, _live_helpers.discard, ref)
 
     def forked(self) -> bool:
         """Whether this helper is the parent's, seen in a forked child.  Its
@@ -342,7 +347,7 @@ class _Helper:
         # next holder (a registration left a little longer only costs the
         # watcher a spurious wake-up).  No code a finaliser can reach takes
         # a lock that allocating code holds.
-        if not self.mu.acquire(blocking=False):
+        if self.mu._is_owned() or not self.mu.acquire(blocking=False):  # type: ignore[attr-defined]
             self._unparked.append(p)
             return
         try:
@@ -445,7 +450,30 @@ class _Helper:
 
 
 _helpers: Dict[Tuple[int, int], _Helper] = {}
-_helpers_lock = threading.Lock()
+# RLocks only for their exact _is_owned() (never entered twice): a
+# finaliser run while this thread holds one of them, that opens or closes a
+# lock, is refused at the registry lock (_holds_a_parking_lock), as the last
+# close's hook takes them under it.
+_helpers_lock = threading.RLock()
+# Every helper alive, also one a last close has just taken out of _helpers
+# and is closing (it waits for that helper's mu), weakly; a helper's
+# finaliser only discards it here (set.discard, no lock).
+_live_helpers: "Set[weakref.ref[_Helper]]" = set()
+
+
+def _holds_a_parking_lock() -> bool:
+    """Whether this thread holds the helpers' lock or a helper's mu (exact:
+    RLock._is_owned, in C)."""
+    if _helpers_lock._is_owned():   # type: ignore[attr-defined]
+        return True
+    for ref in list(_live_helpers):
+        helper = ref()
+        if helper is not None and helper.mu._is_owned():   # type: ignore[attr-defined]
+            return True
+    return False
+
+
+_taken_after.append(_holds_a_parking_lock)
 
 
 def _reset_in_child() -> None:
@@ -454,8 +482,9 @@ def _reset_in_child() -> None:
     # The parent's watchers are left alone (their mutexes may have been held
     # at the fork); the child makes its own.
     global _helpers_lock
-    _helpers_lock = threading.Lock()
+    _helpers_lock = threading.RLock()
     _helpers.clear()
+    _live_helpers.clear()   # the parent's: the child never calls into them
     _closing.clear()        # the child's own attachments are not closing
 
 
@@ -547,7 +576,7 @@ def _wake_for_closing(key: Tuple[int, int]) -> None:
     # thread may be inside `with helper.mu` itself (the close hook, a
     # helper's close), so never wait for mu here.  Held: another thread does
     # the wake-up, waiting for mu as long as it takes.
-    if not helper.mu.acquire(blocking=False):
+    if helper.mu._is_owned() or not helper.mu.acquire(blocking=False):  # type: ignore[attr-defined]
         threading.Thread(target=_wake_for_closing_waiting, args=(helper,),
                          name="pyshmlock-notify-closing", daemon=True).start()
         return
