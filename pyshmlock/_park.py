@@ -450,27 +450,21 @@ class _Helper:
 
 
 _helpers: Dict[Tuple[int, int], _Helper] = {}
-# RLocks only for their exact _is_owned() (never entered twice): a
-# finaliser run while this thread holds one of them, that opens or closes a
-# lock, is refused at the registry lock (_holds_a_parking_lock), as the last
-# close's hook takes them under it.
+# An RLock only for its exact _is_owned(), never entered twice: the last
+# close's hook takes it under the registry lock, so a finaliser that opens
+# or closes a lock while this thread holds it is refused there.
 _helpers_lock = threading.RLock()
-# Every helper alive, also one a last close has just taken out of _helpers
-# and is closing (it waits for that helper's mu), weakly; a helper's
-# finaliser only discards it here (set.discard, no lock).
+# Every helper alive (weakly), also one a last close took out of _helpers
+# and is closing; a helper's finaliser only discards it (no lock).
 _live_helpers: "Set[weakref.ref[_Helper]]" = set()
 
 
 def _holds_a_parking_lock() -> bool:
-    """Whether this thread holds the helpers' lock or a helper's mu (exact:
-    RLock._is_owned, in C)."""
+    """Whether this thread holds the helpers' lock or a helper's mu."""
     if _helpers_lock._is_owned():   # type: ignore[attr-defined]
         return True
-    for ref in list(_live_helpers):
-        helper = ref()
-        if helper is not None and helper.mu._is_owned():   # type: ignore[attr-defined]
-            return True
-    return False
+    return any(h is not None and h.mu._is_owned()   # type: ignore[attr-defined]
+               for h in (ref() for ref in list(_live_helpers)))
 
 
 _taken_after.append(_holds_a_parking_lock)
