@@ -82,7 +82,12 @@ def test_multiprocess_suites_under_asan_and_ubsan(tmp_path):
     assert where.returncode == 0, where.stderr[-3000:]
     assert where.stdout.strip().startswith(str(tmp_path)), where.stdout
 
+    # No faulthandler watchdog: it is a thread started at every test, and
+    # this build's AddressSanitizer keeps no lock of its own across fork(),
+    # so a child forked while that thread starts can wait for good on the
+    # sanitizer's thread registry (its first thread: a queue's feeder).
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-o", "faulthandler_timeout=0",
                         "-x", *[os.path.join(TESTS, s) for s in SUITES]],
                        cwd=tmp_path, env=run_env, capture_output=True, text=True,
                        timeout=400)
