@@ -134,11 +134,16 @@ async def force_resume(server: Server) -> None:
     await asyncio.wait_for(proc.wait(), 30)
 
 
-def verdict(server: Server, violations: List[str], sglang_fails: bool) -> None:
+def verdict(server: Server, violations: List[str], sglang_fails: Optional[bool]) -> None:
     """With SGLang's own locks (also on an SGLang with the contrib/ hook,
     unused), a known failure must show (the harness catches it); with the
     integration (installed, or through the hook), and for the scenarios
-    SGLang passes, nothing may be wrong."""
+    SGLang passes, nothing may be wrong.  sglang_fails=None: SGLang's own
+    locks fail the scenario only when its broadcast loses a race, so with
+    them either outcome is printed, never judged."""
+    if server.backend == "sglang" and sglang_fails is None:
+        print("SGLang's own locks:", "; ".join(violations) or "no violation this run")
+        return
     if server.backend == "sglang" and sglang_fails:
         assert violations, ("SGLang's own locks were expected to fail this scenario and "
                             "did not: the harness would not catch the failure")

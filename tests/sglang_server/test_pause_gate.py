@@ -60,7 +60,9 @@ def test_request_right_after_pause_elsewhere_is_not_admitted(fresh, mode):
                     violations.append(f"round {rep}: the request failed after continue "
                                       f"({r.status_code})")
             return violations
-    verdict(fresh, run(body(), 90), sglang_fails=False)
+    # SGLang's own locks pass this unless a broadcast loses a race (seen
+    # once in CI on 0.5.23): judged only with pyshmlock's gate.
+    verdict(fresh, run(body(), 90), sglang_fails=None)
 
 
 def test_abort_pause_from_an_idle_worker_drains_every_worker(fresh):
