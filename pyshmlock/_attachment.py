@@ -63,8 +63,8 @@ def _registry_lock_unless_held() -> Any:
         raise WouldDeadlockError(
             "a lock opened or closed from inside this thread's own open or "
             "close of a lock, or its asyncio wait for one (a finaliser, such "
-            "as a __del__ that closes a "
-            "lock, run by a garbage collection there) would wait for itself; "
+            "as a __del__ that closes a lock, run by a garbage collection "
+            "there) would wait for itself; "
             "drop the lock object instead: its own finaliser gives it back "
             "without waiting")
     return _registry_lock

@@ -256,9 +256,7 @@ class _Helper:
         if self.watcher == ffi.NULL:
             raise MemoryError("pyshmlock: no memory for the asyncio watcher")
         self._gen = ffi.new("uint64_t *")
-        ref = weakref.ref(self)
-        _live_helpers.add(ref)
-        weakref.finalize(self, _live_helpers.discard, ref)
+        _live_helpers.add(self)
 
     def forked(self) -> bool:
         """Whether this helper is the parent's, seen in a forked child.  Its
@@ -454,17 +452,17 @@ _helpers: Dict[Tuple[int, int], _Helper] = {}
 # close's hook takes it under the registry lock, so a finaliser that opens
 # or closes a lock while this thread holds it is refused there.
 _helpers_lock = threading.RLock()
-# Every helper alive (weakly), also one a last close took out of _helpers
-# and is closing; a helper's finaliser only discards it (no lock).
-_live_helpers: "Set[weakref.ref[_Helper]]" = set()
+# Every helper alive, also one a last close took out of _helpers and is
+# closing (a WeakSet: a helper's collection only discards it, no lock).
+_live_helpers: "weakref.WeakSet[_Helper]" = weakref.WeakSet()
 
 
 def _holds_a_parking_lock() -> bool:
     """Whether this thread holds the helpers' lock or a helper's mu."""
     if _helpers_lock._is_owned():   # type: ignore[attr-defined]
         return True
-    return any(h is not None and h.mu._is_owned()   # type: ignore[attr-defined]
-               for h in (ref() for ref in list(_live_helpers)))
+    return any(h.mu._is_owned()   # type: ignore[attr-defined]
+               for h in list(_live_helpers))
 
 
 _taken_after.append(_holds_a_parking_lock)

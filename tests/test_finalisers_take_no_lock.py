@@ -35,9 +35,6 @@ LOCK_FREE_FINALISERS = {
         "(_attachment.drop); the next open or close settles it",
     ("pyshmlock/_park.py", "self._dead.append"):
         "deque.append: the watcher's next park or close removes the entry",
-    ("pyshmlock/_park.py", "_live_helpers.discard"):
-        "set.discard of the helper's weak reference: the check for a "
-        "parking lock held (_holds_a_parking_lock) reads a copy of the set",
     ("pyshmlock/cluster/_sync.py", "_stop_loop"):
         "loop.call_soon_threadsafe(loop.stop): a deque append and one "
         "byte to the loop's self-pipe",
