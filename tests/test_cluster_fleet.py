@@ -317,9 +317,7 @@ def test_timeouts_hold_with_a_majority_down(fleet, etcd):
     from pyshmlock.cluster import ClusterError, ClusterTimeout
     c, _hs = fleet(1, workers=0)
     c.resume(timeout=5)                 # its session is open: the next write is the call's
-    stopped = [i for i in range(3) if i != etcd.leader()][:1] + [etcd.leader()]
-    for i in stopped:
-        os.kill(etcd.procs[i].pid, signal.SIGSTOP)
+    stopped = etcd.stop_majority()
     try:
         # A write sent to stopped members may still apply when they continue:
         # took_effect is None ("maybe"), not False; a read changes nothing.
@@ -335,7 +333,7 @@ def test_timeouts_hold_with_a_majority_down(fleet, etcd):
             assert ei.value.took_effect is effect, ei.value
     finally:
         for i in stopped:
-            os.kill(etcd.procs[i].pid, signal.SIGCONT)
+            etcd.cont(i)
     etcd.wait_healthy(20)
 
 

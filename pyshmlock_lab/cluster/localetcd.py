@@ -6,7 +6,8 @@ directories in one temporary directory.  Start-up is bounded; ``stop()``
 kills every member by pid and removes the directory, and is safe to call on
 any failure path.  One member can be killed (SIGKILL) and restarted with its
 data directory, which is how the fault tests take the Raft leader away;
-``pause(i)``/``cont(i)`` stop and continue one (SIGSTOP/SIGCONT).
+``pause(i)``/``cont(i)`` stop and continue one (SIGSTOP/SIGCONT), and
+``stop_majority()`` stops the leader and one more.
 
 Options for the cluster tests: ``tls`` (certificate, key, CA and
 ``client_cert_auth``: the members serve https and may demand client
@@ -75,6 +76,23 @@ class EtcdUnavailable(RuntimeError):
 
 def etcd_binary() -> Optional[str]:
     return shutil.which("etcd")
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of pid is in the stopped state (T) per /proc."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True                       # gone: nothing of it runs
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue                      # that thread ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
 
 
 def _free_ports(n: int) -> List[int]:
@@ -225,10 +243,29 @@ class LocalEtcd:
             p.wait(10)
             self.procs[i] = None
 
-    def pause(self, i: int) -> None:
+    def pause(self, i: int, timeout: float = 10.0) -> None:
+        """SIGSTOP member i and return once every thread of it is stopped
+        (kill() returns before a running thread has stopped)."""
         p = self.procs[i]
-        if p is not None:
-            os.kill(p.pid, signal.SIGSTOP)
+        if p is None:
+            return
+        os.kill(p.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while not _all_threads_stopped(p.pid):
+            if time.monotonic() > deadline:
+                raise EtcdUnavailable(f"etcd member {i} did not stop within {timeout} s")
+            time.sleep(0.001)
+
+    def stop_majority(self) -> List[int]:
+        """Stop the leader and one other member (no quorum until cont());
+        the leader is read once, so the two are distinct whatever elections
+        run meanwhile.  Returns their indices, for cont()."""
+        leader = self.leader()
+        other = next(i for i, p in enumerate(self.procs) if p is not None and i != leader)
+        stopped = [leader, other]
+        for i in stopped:
+            self.pause(i)
+        return stopped
 
     def cont(self, i: int) -> None:
         p = self.procs[i]
