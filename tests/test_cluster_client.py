@@ -295,10 +295,11 @@ def test_the_callers_timeout_is_kept_above_the_clients_cap(etcd):
 
 def test_stopping_a_majority_stops_the_leader_and_another_before_returning(etcd):
     """The fault tests' stop_majority(): two distinct members (one of them
-    the leader, read once inside), every thread of each stopped (as /proc says) when it
-    returns; then a linearizable read times out, and after cont() it works.
-    (Reading the leader twice, as those tests once did, could name one
-    member twice after an election: CI saw a majority-down call succeed.)"""
+    the leader, read once inside), every thread of each stopped (as /proc
+    says) when it returns; then a linearizable read times out, and after
+    cont() it works.  (Reading the leader twice, as those tests once did,
+    could name one member twice after an election: a full local run saw a
+    majority-down call succeed.)"""
     from pyshmlock.cluster import Cluster, ClusterTimeout
     from pyshmlock_lab.cluster.localetcd import _all_threads_stopped
     c = Cluster(etcd.endpoints, f"maj-{uuid.uuid4().hex[:8]}", op_timeout=1.0)

@@ -6,7 +6,6 @@ The partition tests, with every host in its own network namespace, are in
 test_cluster_netns.py, TLS and auth in test_cluster_tls.py.
 """
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -348,7 +347,7 @@ def test_timeouts_hold_with_the_controllers_member_stopped(fleet, etcd):
     ctl = Cluster(eps, c.name)
     fleet.controllers.append(ctl)
     ctl.status(timeout=5)
-    os.kill(etcd.procs[i].pid, signal.SIGSTOP)
+    etcd.pause(i)
     try:
         for _ in range(3):
             for call in (lambda: ctl.pause(timeout=1), lambda: ctl.resume(timeout=1),
@@ -368,7 +367,7 @@ def test_timeouts_hold_with_the_controllers_member_stopped(fleet, etcd):
         assert ctl.status(timeout=2).paused               # it did pause the fleet
     finally:
         hs[0].signal_agent(signal.SIGCONT)
-        os.kill(etcd.procs[i].pid, signal.SIGCONT)
+        etcd.cont(i)
     etcd.wait_healthy(20)
 
 

@@ -263,8 +263,13 @@ class LocalEtcd:
         leader = self.leader()
         other = next(i for i, p in enumerate(self.procs) if p is not None and i != leader)
         stopped = [leader, other]
-        for i in stopped:
-            self.pause(i)
+        try:
+            for i in stopped:
+                self.pause(i)
+        except BaseException:
+            for i in stopped:             # none left stopped behind a failure
+                self.cont(i)
+            raise
         return stopped
 
     def cont(self, i: int) -> None:
